@@ -1,0 +1,106 @@
+"""What every benchmark shares: interleaved timing, ratio rows against a baseline, and the result file.
+
+Benchmarks report ratios against a baseline measured in the same run, never absolute targets: the machine is
+noisy, so only what ran side by side compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class Row:
+    case: str
+    metric: str
+    value_s: float
+    baseline: str
+    baseline_s: float
+    target_ratio: float | None  # the ratio value/baseline must stay at or below this; None: reported only
+
+    @property
+    def ratio(self) -> float:
+        return self.value_s / self.baseline_s
+
+    @property
+    def verdict(self) -> str:
+        if self.target_ratio is None:
+            return "-"
+        return "meets" if self.ratio <= self.target_ratio else "misses"
+
+
+def per_call_seconds(fn: Callable[[], object], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def interleaved_medians(candidates: dict[str, Callable[[], object]], *, rounds: int, calls: int) -> dict[str, float]:
+    """Median per-call time of each candidate, alternating between them every round so drift hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for fn in candidates.values():
+        per_call_seconds(fn, calls)  # warm up
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            samples[name].append(per_call_seconds(fn, calls))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def machine() -> dict[str, object]:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = [
+        "| case | metric | elastrain | baseline | baseline time | ratio | target | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        target = "-" if row.target_ratio is None else f"≤ {row.target_ratio:g}×"
+        lines.append(
+            f"| {row.case} | {row.metric} | {format_seconds(row.value_s)} | {row.baseline} | "
+            f"{format_seconds(row.baseline_s)} | {row.ratio:.2f}× | {target} | {row.verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def write_results(name: str, rows: list[Row], output: Path, notes: dict[str, object] | None = None) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "rows": [{**asdict(row), "ratio": row.ratio, "verdict": row.verdict} for row in rows],
+        "notes": notes or {},
+    }
+    output.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\n## {name}\n\n{markdown_table(rows)}\n\nwritten to {output}", flush=True)
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--output", type=Path, required=True, help="where to write the JSON results")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke run")
+    return parser.parse_args()

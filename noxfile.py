@@ -1,0 +1,214 @@
+"""Every way to build, test, check and measure elastrain. `python -m nox -l` lists the sessions.
+
+Packages install editable from this checkout together with the siblings they depend on, in one pip call, so an
+elastrain distribution never comes from an index (a guard checks). Everything is pinned by constraints.txt;
+sessions that install torch use pip, never uv, because only pip sees the local CPU wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tomllib
+import xml.etree.ElementTree as ElementTree
+import zipfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+RESULTS = ROOT / ".ci-results"
+PYTHON = "3.11"
+
+# Folder under packages/ -> distribution name.
+PACKAGES = {
+    folder.name: tomllib.loads((folder / "pyproject.toml").read_text())["project"]["name"]
+    for folder in sorted((ROOT / "packages").iterdir())
+    if (folder / "pyproject.toml").is_file()
+}
+TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis")
+# What a package's tests need beyond the package itself: extras of its own and extra test-only tools.
+TEST_EXTRAS: dict[str, tuple[str, ...]] = {}
+TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {}
+BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if (p / "bench.py").is_file())
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.error_on_missing_interpreters = True
+
+
+def _elastrain_dependencies(folder: str) -> list[str]:
+    """The package folders ``folder`` depends on, transitively, itself last."""
+    by_dist = {dist: name for name, dist in PACKAGES.items()}
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        project = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]
+        for requirement in project.get("dependencies", []):
+            dist = requirement.split(";")[0].split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip()
+            if dist in by_dist:
+                visit(by_dist[dist])
+        ordered.append(name)
+
+    visit(folder)
+    return ordered
+
+
+def install_packages(session: nox.Session, *folders: str, extras: dict[str, tuple[str, ...]] | None = None) -> None:
+    """Install the given packages and their elastrain siblings editable from this checkout, in one resolve."""
+    wanted: list[str] = []
+    for folder in folders:
+        wanted += [name for name in _elastrain_dependencies(folder) if name not in wanted]
+    args: list[str] = []
+    for name in wanted:
+        chosen = (extras or {}).get(name, ())
+        args += ["-e", f"{ROOT / 'packages' / name}" + (f"[{','.join(chosen)}]" if chosen else "")]
+    session.install(*CONSTRAINTS, "-e", str(ROOT / "testutils"), *args)
+    session.run("python", "-m", "elastrain_testutils.guard", str(ROOT))
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("package", list(PACKAGES), ids=list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """One package's test suite, in a venv that holds only that package, its siblings and test tools."""
+    install_packages(session, package, extras={package: TEST_EXTRAS.get(package, ())})
+    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(package, ()))
+    RESULTS.mkdir(exist_ok=True)
+    session.chdir(ROOT / "packages" / package)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        f"--junitxml={RESULTS / f'tests-{package}.xml'}",
+        *session.posargs,
+        env={"RAY_USAGE_STATS_ENABLED": "0"},
+    )
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (one config for the repository) and the repository's own layout checks."""
+    session.install(*CONSTRAINTS, "ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "tools/check_repo.py")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on each package's src/, one package at a time."""
+    install_packages(session, *PACKAGES)
+    session.install(*CONSTRAINTS, "mypy")
+    for folder in PACKAGES:
+        module = "elastrain." + folder.replace("-", "_")
+        session.run(
+            "mypy",
+            "--config-file",
+            str(ROOT / "mypy.ini"),
+            "-p",
+            module,
+            env={"MYPYPATH": str(ROOT / "packages" / folder / "src")},
+        )
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build every wheel, check none ships elastrain/__init__.py, then install and import them in clean venvs."""
+    session.install(*CONSTRAINTS, "build", "hatchling")
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    wheels: dict[str, Path] = {}
+    for folder in PACKAGES:
+        session.run("python", "-m", "build", "--wheel", "--no-isolation", "-o", str(dist), f"packages/{folder}")
+        [wheel] = dist.glob(f"{PACKAGES[folder].replace('-', '_')}-*.whl")
+        names = zipfile.ZipFile(wheel).namelist()
+        if "elastrain/__init__.py" in names:
+            session.error(f"{wheel.name} ships elastrain/__init__.py, which masks the shared namespace.")
+        module_dir = "elastrain/" + folder.replace("-", "_") + "/"
+        for required in ("__init__.py", "_version.py", "py.typed"):
+            if module_dir + required not in names:
+                session.error(f"{wheel.name} lacks {module_dir}{required}.")
+        wheels[folder] = wheel
+
+    def check_in_clean_venv(name: str, folders: list[str], absent: tuple[str, ...] = ()) -> None:
+        venv = Path(session.create_tmp()) / name
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+        python = str(venv / "bin" / "python")
+        wheel_paths = [str(wheels[folder]) for folder in folders]
+        session.run(python, "-m", "pip", "install", "-q", *CONSTRAINTS, *wheel_paths, external=True)
+        modules = ["elastrain." + folder.replace("-", "_") for folder in folders]
+        checker = str(ROOT / "tools" / "check_installed.py")
+        session.run(python, checker, *modules, "--absent", *absent, external=True)
+
+    # Every distribution together (the namespace must merge) and discovery alone (no pydantic, no torch).
+    check_in_clean_venv("all", list(PACKAGES))
+    check_in_clean_venv("discovery-alone", ["discovery"], absent=("pydantic", "torch"))
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("name", BENCHMARKS, ids=BENCHMARKS)
+def bench(session: nox.Session, name: str) -> None:
+    """One benchmark; `nox -s bench` runs them all. Results go to benchmarks/results/."""
+    project = tomllib.loads((ROOT / "benchmarks" / name / "requirements.toml").read_text())
+    install_packages(session, *project["packages"])
+    if project.get("requirements"):
+        session.install(*CONSTRAINTS, *project["requirements"])
+    session.run(
+        "python",
+        str(ROOT / "benchmarks" / name / "bench.py"),
+        "--output",
+        str(ROOT / "benchmarks" / "results" / f"{name}.json"),
+        *session.posargs,
+        env={"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT / "benchmarks")},
+    )
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The main job. Until the training demo lands: a discovery report of a local Ray cluster, watching changes."""
+    install_packages(session, "discovery")
+    session.run("elastrain-discovery", *(session.posargs or ["--watch", "3"]), env={"RAY_USAGE_STATS_ENABLED": "0"})
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """Everything CI must pass: lint, types, every package's tests, the wheel build, then a summary."""
+    shutil.rmtree(RESULTS, ignore_errors=True)
+    RESULTS.mkdir()
+    (RESULTS / "expected.json").write_text(json.dumps([f"tests-{p}.xml" for p in PACKAGES]))
+    for name in ["lint", "typecheck", *(f"tests({p})" for p in PACKAGES), "build", "ci_summary"]:
+        session.notify(name)
+
+
+@nox.session(python=False)
+def ci_summary(session: nox.Session) -> None:
+    """Add up the test reports of this CI run; fail on a failure, a missing report, or no test at all."""
+    expected = json.loads((RESULTS / "expected.json").read_text())
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+    missing = []
+    for name in expected:
+        path = RESULTS / name
+        if not path.is_file():
+            missing.append(name)
+            continue
+        for suite in ElementTree.parse(path).getroot().iter("testsuite"):  # noqa: S314 - our own pytest reports
+            tests_run, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+            failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            totals["passed"] += tests_run - skipped - failed
+            totals["failed"] += failed
+            totals["skipped"] += skipped
+    print(f"ci: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped", flush=True)
+    if missing:
+        session.error(f"No test report from: {', '.join(missing)} (a tests session failed before pytest ran).")
+    if totals["failed"] or totals["passed"] == 0:
+        session.error("CI failed: a test failed or no test ran.")
+
+
+if os.environ.get("CI"):
+    # CI has no terminal; colour codes would only clutter its log.
+    nox.options.force_color = False

@@ -1,0 +1,35 @@
+"""Host and slot discovery on Ray: which hosts can run workers, how many each, and how that changes.
+
+Importing this package does not import Ray; Ray is imported when a Ray discovery first polls.
+"""
+
+from elastrain.discovery._private.assignment import SlotInfo, assign_slots
+from elastrain.discovery._private.blacklist import Blacklist
+from elastrain.discovery._private.events import HostChange, HostEvent
+from elastrain.discovery._private.hosts import HostDiscovery, HostDiscoveryError, HostInfo
+from elastrain.discovery._private.manager import AllHostsBlacklistedError, HostListener, HostManager
+from elastrain.discovery._private.ray_discovery import RayHostDiscovery
+from elastrain.discovery._private.script import ScriptHostDiscovery
+from elastrain.discovery._private.static import StaticHostDiscovery
+from elastrain.discovery._version import __version__
+
+__all__ = [
+    # discoveries
+    "HostDiscovery",
+    "HostInfo",
+    "HostDiscoveryError",
+    "RayHostDiscovery",
+    "StaticHostDiscovery",
+    "ScriptHostDiscovery",
+    # watching hosts
+    "HostManager",
+    "HostEvent",
+    "HostChange",
+    "HostListener",
+    "Blacklist",
+    "AllHostsBlacklistedError",
+    # placing workers
+    "SlotInfo",
+    "assign_slots",
+    "__version__",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from elastrain.discovery._private.report import main
+
+sys.exit(main())
