@@ -8,7 +8,6 @@ sessions that install torch use pip, never uv, because only pip sees the local C
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tomllib
@@ -207,8 +206,3 @@ def ci_summary(session: nox.Session) -> None:
         session.error(f"No test report from: {', '.join(missing)} (a tests session failed before pytest ran).")
     if totals["failed"] or totals["passed"] == 0:
         session.error("CI failed: a test failed or no test ran.")
-
-
-if os.environ.get("CI"):
-    # CI has no terminal; colour codes would only clutter its log.
-    nox.options.force_color = False
