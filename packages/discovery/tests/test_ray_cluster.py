@@ -7,28 +7,18 @@ from collections.abc import Iterator
 import pytest
 
 from elastrain.discovery import HostChange, HostEvent, HostManager, RayHostDiscovery
+from elastrain_testutils.ray_testing import NODE_DEFAULTS, local_cluster
 from elastrain_testutils.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
-NODE_ARGS = {"num_cpus": 8, "num_gpus": 2, "object_store_memory": 80 * 1024 * 1024}
+NODE_ARGS = {"num_cpus": 8, "num_gpus": 2}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[object]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False})
-    try:
-        for _ in range(2):
-            cluster.add_node(**NODE_ARGS)
-        ray.init(address=cluster.address)
-        cluster.wait_for_nodes(timeout=60)
+    with local_cluster(NODE_ARGS, NODE_ARGS, NODE_ARGS) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _node_id(node: object) -> str:
@@ -62,7 +52,7 @@ def test_removed_node_disappears_and_added_node_appears(cluster: object) -> None
         assert [(e.change, e.host_id) for e in events] == [(HostChange.REMOVED, _node_id(victim))]
         assert list(manager.current_hosts) == [h for h in order_before if h != _node_id(victim)]
 
-        added = cluster.add_node(num_cpus=8, num_gpus=4, object_store_memory=NODE_ARGS["object_store_memory"])  # type: ignore[attr-defined]
+        added = cluster.add_node(num_cpus=8, num_gpus=4, **NODE_DEFAULTS)  # type: ignore[attr-defined]
         wait_until(lambda: _node_id(added) in manager.current_hosts, timeout_s=60, what="node addition")
         assert events[-1].change is HostChange.ADDED
         assert events[-1].new_slots == 4

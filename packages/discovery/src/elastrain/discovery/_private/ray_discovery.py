@@ -84,5 +84,5 @@ def _alive_nodes() -> list[dict[str, Any]]:
         raise HostDiscoveryError(
             "RayHostDiscovery needs a Ray connection: call ray.init() (or ray.init(address=...)) first."
         )
-    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    nodes: list[dict[str, Any]] = ray.nodes()
     return [node for node in nodes if node.get("Alive")]

@@ -1,0 +1,106 @@
+"""The rendezvous actor of an elastic job: the driver publishes worlds, workers join them.
+
+Workers cannot call the driver process, so this small async actor (zero CPU) sits between them. Every wait in
+it is bounded by the caller's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from elastrain.executor._private.elastic.world import World
+
+
+class Coordinator:
+    def __init__(self) -> None:
+        self._world: World | None = None
+        self._pending_generation = 0  # > current generation while the driver prepares a larger world
+        self._stores: dict[int, tuple[str, int]] = {}
+        self._arrived: dict[int, set[str]] = {}
+        self._changed = asyncio.Condition()
+        self._failures: list[tuple[str, int, str]] = []
+
+    # -- driver side -----------------------------------------------------------------------------------------
+
+    async def publish(self, world: World) -> None:
+        async with self._changed:
+            self._world = world
+            self._pending_generation = max(self._pending_generation, world.generation)
+            for generation in [g for g in self._stores if g < world.generation]:
+                del self._stores[generation]
+            for generation in [g for g in self._arrived if g < world.generation]:
+                del self._arrived[generation]
+            self._changed.notify_all()
+
+    async def announce(self, generation: int) -> None:
+        """Tell workers that a new world is coming; they leave the current one at their next commit."""
+        async with self._changed:
+            self._pending_generation = max(self._pending_generation, generation)
+            self._changed.notify_all()
+
+    async def take_failures(self) -> list[tuple[str, int, str]]:
+        failures, self._failures = self._failures, []
+        return failures
+
+    # -- worker side -----------------------------------------------------------------------------------------
+
+    async def join(self, worker_id: str, after_generation: int, timeout_s: float) -> World | None:
+        """The first world newer than ``after_generation``: the worker's next group.
+
+        Returns that world even when the worker is not in it, so the worker learns it was dropped; ``None``
+        when no such world appears within ``timeout_s``.
+        """
+
+        def ready() -> bool:
+            return self._world is not None and self._world.generation > after_generation
+
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
+            except TimeoutError:
+                return None
+            return self._world
+
+    async def arrive(self, generation: int, worker_id: str, timeout_s: float) -> bool:
+        """Wait until every member of world ``generation`` arrived: True. False when that world was replaced by a
+        newer one (a member died or more workers came) or the wait timed out: the caller joins the next world.
+
+        Forming a torch process group blocks until all ranks connect; this barrier makes sure they all come
+        before anyone blocks there, so a worker never waits for peers who went on to a newer world.
+        """
+        async with self._changed:
+            self._arrived.setdefault(generation, set()).add(worker_id)
+            self._changed.notify_all()
+
+            def settled() -> bool:
+                world = self._world
+                if world is None or world.generation != generation:
+                    return True
+                return {m.worker_id for m in world.members} <= self._arrived.get(generation, set())
+
+            try:
+                await asyncio.wait_for(self._changed.wait_for(settled), timeout_s)
+            except TimeoutError:
+                return False
+            return self._world is not None and self._world.generation == generation
+
+    async def pending_generation(self) -> int:
+        return self._pending_generation
+
+    async def set_store(self, generation: int, host: str, port: int) -> None:
+        """Rank 0 of a world tells where the world's TCPStore listens."""
+        async with self._changed:
+            self._stores[generation] = (host, port)
+            self._changed.notify_all()
+
+    async def get_store(self, generation: int, timeout_s: float) -> tuple[str, int] | None:
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: generation in self._stores), timeout_s)
+            except TimeoutError:
+                return None
+            return self._stores[generation]
+
+    async def report_failure(self, worker_id: str, generation: int, reason: str) -> None:
+        """A worker saw its group fail (a peer crashed); the driver reads these to react before Ray tells it."""
+        self._failures.append((worker_id, generation, reason))

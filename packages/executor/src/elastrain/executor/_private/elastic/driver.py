@@ -1,0 +1,369 @@
+"""The driver of an elastic job: keeps workers on the hosts discovery reports, forms worlds, never restarts
+survivors.
+
+Workers that crash are replaced; survivors roll back to their last commit and go on in a smaller world at
+once, and replacements or workers on new hosts join at the survivors' next commit, once they are up (a new
+actor costs seconds; the survivors don't wait for it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastrain.discovery import HostChange, HostEvent, HostManager, assign_slots
+from elastrain.executor._private.elastic.runtime import ElasticOptions
+from elastrain.executor._private.elastic.world import Member, World
+from elastrain.executor._private.errors import ExecutorError, WorkerError
+from elastrain.executor._private.options import ExecutorOptions
+from elastrain.executor._private.placement import NodeInfo
+
+logger = logging.getLogger("elastrain.executor")
+
+_POLL_S = 0.05
+# Workers that die before they ever joined a group, this many times in a row on one host, mark the host bad.
+_STARTUP_FAILURES_BEFORE_BLACKLIST = 3
+
+
+class ElasticJobError(ExecutorError):
+    """An elastic job could not go on: too few workers for too long, too many resets, or a worker raised."""
+
+
+@dataclass
+class _Worker:
+    worker_id: str
+    host_id: str
+    actor: Any
+    prepare_ref: Any
+    node: NodeInfo | None = None
+    run_ref: Any = None
+    joined: bool = False  # has been a member of a published world (so it holds committed state)
+    spawned_at: float = field(default_factory=time.monotonic)
+    stopping: bool = False  # the driver is stopping it on purpose (host removed, job ending)
+
+
+@dataclass
+class _Finish:
+    generation: int
+    rank: int
+    value: Any
+
+
+@dataclass
+class ElasticStats:
+    resets: int = 0
+    worlds: list[int] = field(default_factory=list)  # world size of each published world
+
+
+class ElasticDriver:
+    """Runs one elastic call: ``run()`` returns the results of the workers that finished, ordered by rank."""
+
+    def __init__(
+        self,
+        *,
+        options: ExecutorOptions,
+        manager: HostManager,
+        coordinator: Any,
+        sink: Any,
+        worker_class: Any,
+        elastic_options: ElasticOptions,
+        startup_grace_s: float = 30.0,
+    ) -> None:
+        self.options = options
+        self.startup_grace_s = startup_grace_s
+        self.manager = manager
+        self.coordinator = coordinator
+        self.sink = sink
+        self.worker_class = worker_class
+        self.elastic_options = elastic_options
+        self.stats = ElasticStats()
+        self._ids = itertools.count()
+        self._workers: dict[str, _Worker] = {}
+        self._generation = 0
+        self._world: World | None = None
+        self._host_events: queue.SimpleQueue[list[HostEvent]] = queue.SimpleQueue()
+        self._startup_failures: dict[str, int] = {}
+        self._below_min_since: float | None = None
+
+    # -- the call --------------------------------------------------------------------------------------------
+
+    def run(self, payload: Any, call_id: int) -> list[Any]:
+        import ray
+
+        remove_listener = self.manager.add_listener(self._host_events.put)
+        try:
+            try:
+                self.manager.wait_for_slots(self.options.num_workers, self.options.elastic_timeout)
+            except TimeoutError as error:
+                raise ElasticJobError(f"The elastic job could not start: {error}") from None
+            self._fill()
+            return self._supervise(ray, payload, call_id)
+        finally:
+            remove_listener()
+            self._stop_all(ray)
+
+    def _supervise(self, ray: Any, payload: Any, call_id: int) -> list[Any]:
+        finished: list[_Finish] = []
+        while True:
+            refs = {w.prepare_ref: w for w in self._workers.values() if w.node is None}
+            refs.update({w.run_ref: w for w in self._workers.values() if w.run_ref is not None})
+            ready = ray.wait(list(refs), num_returns=len(refs), timeout=_POLL_S)[0] if refs else []
+            gained = lost = False
+            for ref in ready:
+                worker = refs[ref]
+                if ref is worker.prepare_ref and worker.node is None:
+                    gained |= self._on_prepared(ray, worker, payload, call_id)
+                else:
+                    result = self._on_finished(ray, worker)
+                    if result is not None:
+                        finished.append(result)
+                    lost = True
+            if finished:
+                done = self._finished_results(finished)
+                if done is not None:
+                    return done
+                continue
+            lost |= self._apply_host_events()
+            self._check_minimum()
+            self._fill()
+            # A loss is published at once (survivors are waiting); workers that are still starting get a moment
+            # more, so that several newcomers join in one reset rather than one reset each.
+            if lost or ((gained or self._unpublished_ready()) and not self._starting_recently()):
+                self._publish()
+
+    def _finished_results(self, finished: list[_Finish]) -> list[Any] | None:
+        """Once a worker finished, the members of its world finish too; newer joiners are let go."""
+        generation = finished[0].generation
+        members = {m.worker_id for m in self._world.members} if self._world else set()
+        still_running = [
+            w for w in self._workers.values() if w.run_ref is not None and w.worker_id in members and not w.stopping
+        ]
+        if still_running and self._world is not None and self._world.generation == generation:
+            return None
+        ordered = sorted((f for f in finished if f.generation == generation), key=lambda f: f.rank)
+        return [f.value for f in ordered]
+
+    # -- workers ---------------------------------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        """Start workers on free slots, up to max_workers."""
+        hosts = self.manager.current_hosts
+        limit = self.options.max_workers or sum(h.slots for h in hosts.values())
+        active = [w for w in self._workers.values() if not w.stopping]
+        per_host: dict[str, int] = {}
+        for worker in active:
+            per_host[worker.host_id] = per_host.get(worker.host_id, 0) + 1
+        count = len(active)
+        for host_id, host in hosts.items():
+            while count < limit and per_host.get(host_id, 0) < host.slots:
+                self._spawn(host_id)
+                per_host[host_id] = per_host.get(host_id, 0) + 1
+                count += 1
+
+    def _spawn(self, host_id: str) -> None:
+        worker_id = f"w{next(self._ids)}"
+        actor = self.worker_class.options(
+            num_cpus=self.options.cpus_per_worker,
+            num_gpus=self.options.gpus_per_worker,
+            max_restarts=0,
+            **_placement_on(host_id),
+        ).remote()
+        self._workers[worker_id] = _Worker(worker_id, host_id, actor, actor.prepare.remote())
+        logger.info("Starting worker %s on host %s.", worker_id, host_id)
+
+    def _on_prepared(self, ray: Any, worker: _Worker, payload: Any, call_id: int) -> bool:
+        try:
+            worker.node = ray.get(worker.prepare_ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+            if worker.stopping:
+                self._forget(worker)
+            else:
+                self._on_died(worker, f"failed to start: {_first_line(error)}")
+            return False
+        if worker.stopping:
+            return False
+        worker.run_ref = worker.actor.run_elastic.remote(
+            payload, call_id, worker.worker_id, self.coordinator, self.elastic_options, self.sink
+        )
+        return True
+
+    def _on_finished(self, ray: Any, worker: _Worker) -> _Finish | None:
+        ref, worker.run_ref = worker.run_ref, None
+        try:
+            outcome = ray.get(ref)
+        except ray.exceptions.RayActorError as error:
+            if not worker.stopping:
+                self._on_died(worker, _first_line(error))
+            self._forget(worker)
+            return None
+        except ray.exceptions.RayTaskError as error:
+            rank = self._rank_of(worker)
+            cause = getattr(error, "cause", None)
+            raise WorkerError(
+                rank, worker.node.node_id if worker.node else None, getattr(error, "traceback_str", str(error)), cause
+            ) from (cause if isinstance(cause, BaseException) else None)
+        self._forget(worker)
+        if outcome is None:  # left out of the next world: stopped without a result
+            return None
+        generation, rank, value = outcome
+        return _Finish(generation, rank, value)
+
+    def _on_died(self, worker: _Worker, reason: str) -> None:
+        logger.warning("Worker %s on host %s died: %s", worker.worker_id, worker.host_id, reason)
+        self._forget(worker)
+        if worker.node is not None and not _node_alive(worker.node.node_id):
+            self.manager.blacklist(worker.host_id)
+            return
+        if not worker.joined:
+            failures = self._startup_failures.get(worker.host_id, 0) + 1
+            self._startup_failures[worker.host_id] = failures
+            if failures >= _STARTUP_FAILURES_BEFORE_BLACKLIST:
+                self.manager.blacklist(worker.host_id)
+        else:
+            self._startup_failures.pop(worker.host_id, None)
+
+    def _forget(self, worker: _Worker) -> None:
+        self._workers.pop(worker.worker_id, None)
+
+    def _apply_host_events(self) -> bool:
+        changed = False
+        while not self._host_events.empty():
+            for event in self._host_events.get():
+                if event.change is HostChange.REMOVED or (
+                    event.change is HostChange.SLOTS_CHANGED and event.new_slots < event.old_slots
+                ):
+                    changed |= self._shrink_host(event.host_id, event.new_slots)
+        return changed
+
+    def _shrink_host(self, host_id: str, slots: int) -> bool:
+        import ray
+
+        on_host = [w for w in self._workers.values() if w.host_id == host_id and not w.stopping]
+        extra = on_host[slots:] if slots else on_host
+        for worker in reversed(extra):
+            worker.stopping = True
+            ray.kill(worker.actor, no_restart=True)
+            logger.info("Stopping worker %s: host %s went away.", worker.worker_id, host_id)
+        return bool(extra)
+
+    def _check_minimum(self) -> None:
+        alive = sum(1 for w in self._workers.values() if not w.stopping)
+        if alive >= self.options.num_workers:
+            self._below_min_since = None
+            return
+        now = time.monotonic()
+        if self._below_min_since is None:
+            self._below_min_since = now
+        elif now - self._below_min_since > self.options.elastic_timeout:
+            raise ElasticJobError(
+                f"The elastic job had fewer than min_workers={self.options.num_workers} workers for more than "
+                f"elastic_timeout={self.options.elastic_timeout} s ({alive} alive; hosts: "
+                f"{ {h: i.slots for h, i in self.manager.current_hosts.items()} }, blacklisted: "
+                f"{sorted(self.manager.blacklisted_hosts())})."
+            )
+
+    # -- worlds ----------------------------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        import ray
+
+        ready = [w for w in self._workers.values() if w.run_ref is not None and not w.stopping]
+        if len(ready) < self.options.num_workers:
+            return  # survivors wait in join until enough workers are up (bounded by elastic_timeout)
+        if self._world is not None and {m.worker_id for m in self._world.members} == {w.worker_id for w in ready}:
+            return
+        if self._world is not None:
+            self.stats.resets += 1
+            if self.options.reset_limit is not None and self.stats.resets > self.options.reset_limit:
+                raise ElasticJobError(
+                    f"The elastic job needed reset {self.stats.resets}, beyond reset_limit="
+                    f"{self.options.reset_limit}; raise reset_limit or fix what keeps failing."
+                )
+        self._generation += 1
+        self._world = _make_world(self._generation, ready, list(self.manager.current_hosts))
+        for worker in ready:
+            worker.joined = True
+        self.stats.worlds.append(self._world.size)
+        ray.get(self.coordinator.publish.remote(self._world), timeout=30)
+        logger.info("Published group %s with %s workers.", self._generation, self._world.size)
+
+    def _unpublished_ready(self) -> bool:
+        members = {m.worker_id for m in self._world.members} if self._world else set()
+        return any(
+            w.run_ref is not None and not w.stopping and w.worker_id not in members for w in self._workers.values()
+        )
+
+    def _starting_recently(self) -> bool:
+        """Some worker is still starting, and not for longer than the start-up grace."""
+        now = time.monotonic()
+        return any(
+            w.node is None and not w.stopping and now - w.spawned_at < self.startup_grace_s
+            for w in self._workers.values()
+        )
+
+    def actors(self) -> dict[str, Any]:
+        """The running workers' actor handles by worker id (for tools and fault-injection tests)."""
+        return {w.worker_id: w.actor for w in self._workers.values() if w.run_ref is not None and not w.stopping}
+
+    @property
+    def world(self) -> World | None:
+        return self._world
+
+    def _rank_of(self, worker: _Worker) -> int:
+        member = self._world.member(worker.worker_id) if self._world else None
+        return member.slot.rank if member else -1
+
+    def _stop_all(self, ray: Any) -> None:
+        for worker in self._workers.values():
+            worker.stopping = True
+            ray.kill(worker.actor, no_restart=True)
+        self._workers.clear()
+
+
+def _make_world(generation: int, workers: Sequence[_Worker], host_order: list[str]) -> World:
+    """Ranks by host (hosts in discovery order), previous members before newcomers on each host."""
+    position = {host: i for i, host in enumerate(host_order)}
+    ordered = sorted(workers, key=lambda w: (position.get(w.host_id, len(position)), not w.joined, w.worker_id))
+    by_host: dict[str, list[_Worker]] = {}
+    for worker in ordered:
+        by_host.setdefault(worker.host_id, []).append(worker)
+    slots = assign_slots({host: len(ws) for host, ws in by_host.items()}, len(ordered))
+    node_rank = {host: i for i, host in enumerate(by_host)}
+    taken = dict.fromkeys(by_host, 0)
+    members = []
+    for slot in slots:
+        worker = by_host[slot.host_id][taken[slot.host_id]]
+        taken[slot.host_id] += 1
+        members.append(Member(worker.worker_id, slot, node_rank[slot.host_id], len(by_host)))
+    joined = {w.worker_id for w in workers if w.joined}
+    sources = [m.slot.rank for m in members if m.worker_id in joined]
+    return World(generation, tuple(members), sync_source=min(sources) if sources else 0)
+
+
+def _placement_on(host_id: str) -> dict[str, Any]:
+    """Pin a worker to a host: a Ray node id gets node affinity; another name a ``node:<name>`` resource."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if _is_node_id(host_id):
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(host_id, soft=False)}
+    return {"resources": {f"node:{host_id}": 0.001}}
+
+
+def _is_node_id(host_id: str) -> bool:
+    return len(host_id) == 56 and all(c in "0123456789abcdef" for c in host_id)
+
+
+def _node_alive(node_id: str) -> bool:
+    import ray
+
+    return any(node["NodeID"] == node_id and node.get("Alive") for node in ray.nodes())
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

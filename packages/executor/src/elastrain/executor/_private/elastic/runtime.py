@@ -1,0 +1,270 @@
+"""The worker side of an elastic job: join worlds, form a fresh process group per world, recover in place."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import functools
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from elastrain.executor._private.context import _WorkerState
+from elastrain.executor._private.elastic.world import Member, World
+
+if TYPE_CHECKING:
+    from elastrain.executor._private.elastic.state import State
+
+T = TypeVar("T")
+
+# Phrases torch.distributed uses when a peer crashed, hung up or timed out; a RuntimeError without one of them
+# is the user's own error and fails the job instead of triggering recovery.
+_COLLECTIVE_FAILURE_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "gloo",
+    "nccl",
+    "connection refused",
+    "socket",
+    "process group",
+)
+
+
+class HostsUpdatedInterrupt(Exception):
+    """Raised on every worker at a commit when the driver has a new world for them (hosts added or removed)."""
+
+
+class WorkerRemoved(Exception):
+    """This worker is not part of the next world: it stops, and its result is not reported."""
+
+
+@dataclasses.dataclass
+class ElasticOptions:
+    rendezvous_timeout_s: float  # how long a worker waits for its next group (elastic_timeout)
+    formation_timeout_s: float  # how long forming a group may take once published (timeout_s)
+    collective_timeout_s: float
+    backend: str | None  # None: gloo on CPU, nccl with GPUs
+
+
+class Runtime:
+    """The elastic machinery of one worker process."""
+
+    def __init__(self, coordinator: Any, worker_id: str, options: ElasticOptions) -> None:
+        self.coordinator = coordinator
+        self.worker_id = worker_id
+        self.options = options
+        self.world: World | None = None
+        self.member: Member | None = None
+        self._store: Any = None
+        self.resets = 0
+
+    @property
+    def generation(self) -> int:
+        return 0 if self.world is None else self.world.generation
+
+    def join_next_world(self) -> None:
+        """Wait for the next world, then form its process group. Raises WorkerRemoved when left out of it."""
+        import ray
+
+        deadline = time.monotonic() + self.options.rendezvous_timeout_s
+        world = None
+        while world is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"Worker {self.worker_id} waited {self.options.rendezvous_timeout_s} s for the next group "
+                    "without one forming (elastic_timeout)."
+                )
+            world = ray.get(self.coordinator.join.remote(self.worker_id, self.generation, min(remaining, 5.0)))
+        member = world.member(self.worker_id)
+        self._leave_group()
+        self.world, self.member = world, member
+        if member is None:
+            raise WorkerRemoved
+        try:
+            self._form_group(world, member)
+        except Exception as error:
+            # A member died while the group formed: the driver publishes a newer group; wait for that one.
+            if not (is_collective_failure(error) or isinstance(error, TimeoutError)):
+                raise
+            self.join_next_world()
+
+    def _form_group(self, world: World, member: Member) -> None:
+        import ray
+        import torch.distributed as dist
+
+        arrived = ray.get(
+            self.coordinator.arrive.remote(world.generation, self.worker_id, self.options.formation_timeout_s)
+        )
+        if not arrived:
+            raise TimeoutError(f"Group {world.generation} was replaced before every member arrived.")
+        timeout = datetime.timedelta(seconds=self.options.formation_timeout_s)
+        rank, size = member.slot.rank, world.size
+        node_ip = ray.util.get_node_ip_address()
+        if rank == 0:
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                node_ip, 0, size, is_master=True, wait_for_workers=False, timeout=timeout
+            )
+            ray.get(self.coordinator.set_store.remote(world.generation, node_ip, self._store.port))
+            master = (node_ip, self._store.port)
+        else:
+            found = ray.get(self.coordinator.get_store.remote(world.generation, self.options.formation_timeout_s))
+            if found is None:
+                raise TimeoutError(f"Rank 0 of group {world.generation} never published its store.")
+            master = found
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                master[0], master[1], size, is_master=False, timeout=timeout
+            )
+        backend = self.options.backend or _default_backend()
+        dist.init_process_group(
+            backend,
+            store=self._store,
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=self.options.collective_timeout_s),
+        )
+        self._publish_context(world, member, master)
+
+    def _publish_context(self, world: World, member: Member, master: tuple[str, int]) -> None:
+        slot = member.slot
+        os.environ.update(
+            {
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+                "RANK": str(slot.rank),
+                "WORLD_SIZE": str(world.size),
+                "LOCAL_RANK": str(slot.local_rank),
+                "LOCAL_WORLD_SIZE": str(slot.local_size),
+                "GROUP_RANK": str(member.node_rank),
+                "GROUP_WORLD_SIZE": str(member.num_nodes),
+                "TORCHELASTIC_RESTART_COUNT": str(self.resets),
+            }
+        )
+        if _WorkerState.context is not None:
+            _WorkerState.context = dataclasses.replace(
+                _WorkerState.context,
+                rank=slot.rank,
+                size=world.size,
+                local_rank=slot.local_rank,
+                local_size=slot.local_size,
+                cross_rank=slot.cross_rank,
+                cross_size=slot.cross_size,
+                node_rank=member.node_rank,
+                num_nodes=member.num_nodes,
+            )
+
+    def _leave_group(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            # A group whose peers died may not shut down cleanly; it is dropped either way.
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self._store = None
+
+    def close(self) -> None:
+        self._leave_group()
+
+    def pending_update(self) -> bool:
+        """Whether every worker agrees that a newer world is waiting (one small collective)."""
+        import ray
+        import torch
+        import torch.distributed as dist
+
+        mine = int(ray.get(self.coordinator.pending_generation.remote()) > self.generation)
+        flag = torch.tensor([mine], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    @property
+    def sync_source(self) -> int:
+        return 0 if self.world is None else self.world.sync_source
+
+
+_current: Runtime | None = None
+
+
+def install(runtime: Runtime | None) -> None:
+    global _current
+    _current = runtime
+
+
+def current() -> Runtime:
+    if _current is None:
+        raise RuntimeError(
+            "elastic.run and elastic state only work inside an elastic RayExecutor job "
+            "(RayExecutor(settings, min_workers=...))."
+        )
+    return _current
+
+
+def check_host_updates() -> None:
+    if current().pending_update():
+        raise HostsUpdatedInterrupt
+
+
+def is_sync_source() -> bool:
+    runtime = current()
+    return runtime.member is not None and runtime.member.slot.rank == runtime.sync_source
+
+
+def broadcast_object(value: Any) -> Any:
+    import torch.distributed as dist
+
+    holder = [value]
+    dist.broadcast_object_list(holder, src=current().sync_source)
+    return holder[0]
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    try:
+        import torch.distributed as dist
+
+        if isinstance(error, dist.DistError):
+            return True
+    except ImportError:  # pragma: no cover - elastic jobs need torch
+        pass
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(marker in text for marker in _COLLECTIVE_FAILURE_MARKERS)
+
+
+def run(func: Callable[..., T]) -> Callable[..., T]:
+    """Make ``func(state, *args, **kwargs)`` elastic: it survives peers failing and hosts coming and going.
+
+    On a collective failure the state rolls back to its last commit; on a host update it continues from the
+    commit that noticed it. Either way the worker joins the next group, the state is synced from a surviving
+    worker, the reset callbacks run, and ``func`` is called again.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
+        runtime = current()
+        if runtime.world is None:
+            runtime.join_next_world()
+        state.sync()
+        while True:
+            try:
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt:
+                pass  # the state was committed just before the interrupt
+            except Exception as error:
+                if not is_collective_failure(error):
+                    raise
+                state.restore()
+            runtime.resets += 1
+            runtime.join_next_world()
+            state.sync()
+            state.on_reset()
+
+    return wrapper
+
+
+def _default_backend() -> str:
+    import torch
+
+    return "nccl" if _WorkerState.context and _WorkerState.context.gpu_ids and torch.cuda.is_available() else "gloo"

@@ -1,0 +1,98 @@
+"""What an elastic executor holds between ``start()`` and ``shutdown()``: discovery, rendezvous, messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from elastrain.discovery import HostDiscovery, HostManager, RayHostDiscovery
+from elastrain.executor._private.elastic.coordinator import Coordinator
+from elastrain.executor._private.elastic.driver import ElasticDriver, ElasticStats
+from elastrain.executor._private.elastic.runtime import ElasticOptions
+from elastrain.executor._private.messages import Callback, MessagePump, MessageSink
+from elastrain.executor._private.options import ExecutorOptions
+from elastrain.executor._private.settings import ExecutorSettings
+from elastrain.executor._private.worker import Worker
+
+_CALLBACK_DRAIN_S = 10.0
+
+
+def discovery_for(options: ExecutorOptions, settings: ExecutorSettings) -> HostDiscovery:
+    if options.override_discovery:
+        return RayHostDiscovery(
+            use_gpu=options.use_gpu,
+            cpus_per_worker=options.cpus_per_worker,
+            gpus_per_worker=options.gpus_per_worker or 1,
+        )
+    if not isinstance(settings.discovery, HostDiscovery):
+        raise ValueError(
+            "override_discovery=False needs a discovery: set settings.discovery to an "
+            "elastrain.discovery.HostDiscovery (e.g. StaticHostDiscovery or ScriptHostDiscovery)."
+        )
+    return settings.discovery
+
+
+class ElasticSession:
+    def __init__(self, options: ExecutorOptions, settings: ExecutorSettings) -> None:
+        import ray
+
+        self.options = options
+        self.settings = settings
+        self.manager = HostManager(
+            discovery_for(options, settings),
+            poll_interval_s=settings.discovery_interval_s,
+            cooldown_range=options.cooldown_range,
+        ).start()
+        self.coordinator: Any = ray.remote(Coordinator).options(num_cpus=0).remote()
+        self.sink: Any = ray.remote(MessageSink).options(num_cpus=0).remote()
+        self.worker_class: Any = ray.remote(Worker)
+        self.calls = 0
+        self.driver: ElasticDriver | None = None  # the running call's driver
+        self.last_stats: ElasticStats | None = None
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        callbacks: list[Callback],
+    ) -> list[Any]:
+        import ray
+
+        self.calls += 1
+        call_id = self.calls if callbacks else 0
+        driver = ElasticDriver(
+            options=self.options,
+            manager=self.manager,
+            coordinator=self.coordinator,
+            sink=self.sink,
+            worker_class=self.worker_class,
+            elastic_options=ElasticOptions(
+                rendezvous_timeout_s=self.options.elastic_timeout,
+                formation_timeout_s=self.settings.timeout_s,
+                collective_timeout_s=self.settings.collective_timeout_s,
+                backend=None,
+            ),
+            startup_grace_s=self.settings.timeout_s,
+        )
+        self.driver = driver
+        pump = MessagePump(self.sink, callbacks, call_id).start() if callbacks else None
+        try:
+            from ray import cloudpickle
+
+            return driver.run(ray.put(cloudpickle.dumps((fn, tuple(args), dict(kwargs)))), call_id)
+        finally:
+            self.driver = None
+            self.last_stats = driver.stats
+            if pump is not None:
+                pump.stop(_CALLBACK_DRAIN_S)
+            # A fresh rendezvous actor per call: worlds of one call never leak into the next.
+            ray.kill(self.coordinator, no_restart=True)
+            self.coordinator = ray.remote(Coordinator).options(num_cpus=0).remote()
+
+    def shutdown(self) -> None:
+        import ray
+
+        self.manager.stop()
+        ray.kill(self.coordinator, no_restart=True)
+        ray.kill(self.sink, no_restart=True)

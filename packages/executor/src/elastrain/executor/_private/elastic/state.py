@@ -1,0 +1,126 @@
+"""Training state that survives resets: committed in memory, restored on failure, synced to new workers."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from elastrain.executor._private.elastic import runtime
+
+
+class State:
+    """Base class of elastic state. Subclasses implement :meth:`save`, :meth:`restore` and :meth:`sync`.
+
+    ``commit()`` saves an in-memory copy and checks for host updates; on a failure the job rolls back to the last
+    commit, so only the steps after it are redone. After every reset, ``sync()`` makes every worker hold the
+    state of a surviving worker, then the reset callbacks run.
+    """
+
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self.commits = 0
+
+    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
+        """Functions to call after each reset (e.g. to rescale the learning rate to the new world size)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Keep a copy of the state to roll back to, then leave for a larger world if one is waiting."""
+        self.save()
+        self.commits += 1
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise ``HostsUpdatedInterrupt`` on every worker at once when the driver prepared a new world."""
+        runtime.check_host_updates()
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """Plain Python values as attributes: ``ObjectState(epoch=0, batch=0)``; ``state.epoch += 1``."""
+
+    def __init__(self, **values: Any) -> None:
+        self._names = list(values)
+        for name, value in values.items():
+            setattr(self, name, value)
+        super().__init__()
+        self._saved: dict[str, Any] = {}
+        self.save()
+
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._names}
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self._values())
+
+    def restore(self) -> None:
+        for name, value in copy.deepcopy(self._saved).items():
+            setattr(self, name, value)
+
+    def sync(self) -> None:
+        values = runtime.broadcast_object(self._saved if runtime.is_sync_source() else None)
+        self._saved = values
+        self.restore()
+
+
+class TorchState(ObjectState):
+    """A model, an optimizer and plain values: ``TorchState(model=model, optimizer=optimizer, epoch=0)``.
+
+    ``save`` copies the model's and optimizer's ``state_dict`` (tensors cloned, so later steps don't change the
+    copy); ``sync`` broadcasts the committed copy from a surviving worker to all.
+    """
+
+    def __init__(self, model: Any = None, optimizer: Any = None, **values: Any) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self._saved_model: Any = None
+        self._saved_optimizer: Any = None
+        super().__init__(**values)
+
+    def save(self) -> None:
+        if self.model is not None:
+            self._saved_model = _clone(self.model.state_dict())
+        if self.optimizer is not None:
+            self._saved_optimizer = _clone(self.optimizer.state_dict())
+        super().save()
+
+    def restore(self) -> None:
+        if self.model is not None and self._saved_model is not None:
+            self.model.load_state_dict(self._saved_model)
+        if self.optimizer is not None and self._saved_optimizer is not None:
+            self.optimizer.load_state_dict(_clone(self._saved_optimizer))
+        super().restore()
+
+    def sync(self) -> None:
+        source = runtime.is_sync_source()
+        payload = (self._saved_model, self._saved_optimizer, self._saved) if source else None
+        self._saved_model, self._saved_optimizer, self._saved = runtime.broadcast_object(payload)
+        self.restore()
+
+
+def _clone(value: Any) -> Any:
+    """A deep copy in which tensors are detached clones on the CPU."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - TorchState without torch has nothing to clone
+        return copy.deepcopy(value)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _clone(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_clone(item) for item in value)
+    return copy.deepcopy(value)

@@ -1,0 +1,147 @@
+"""Where workers run: the placement group, and each worker's ranks once the actors are up."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from elastrain.discovery import SlotInfo, assign_slots
+from elastrain.executor._private.errors import PlacementError
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a worker actor reports about the process it runs in."""
+
+    node_id: str
+    node_ip: str
+    hostname: str
+    pid: int
+    gpu_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """One worker's ranks and host, as backends see it. ``index`` is its actor's creation order."""
+
+    index: int
+    slot: SlotInfo
+    node_rank: int
+    num_nodes: int
+    node: NodeInfo
+    visible_gpu_ids: tuple[str, ...]
+
+    @property
+    def rank(self) -> int:
+        return self.slot.rank
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """Bundles to reserve and which bundle each worker uses."""
+
+    bundles: list[dict[str, float]]
+    strategy: str
+    bundle_of_worker: list[int]
+
+
+def plan_placement(
+    *,
+    num_workers: int | None,
+    num_hosts: int | None,
+    num_workers_per_host: int,
+    cpus_per_worker: float,
+    gpus_per_worker: float,
+) -> PlacementPlan:
+    worker_bundle = {"CPU": float(cpus_per_worker)}
+    if gpus_per_worker:
+        worker_bundle["GPU"] = float(gpus_per_worker)
+    if num_workers is not None:
+        return PlacementPlan([dict(worker_bundle)] * num_workers, "PACK", list(range(num_workers)))
+    if num_hosts is None:
+        raise ValueError("plan_placement needs num_workers or num_hosts.")
+    host_bundle = {resource: amount * num_workers_per_host for resource, amount in worker_bundle.items()}
+    return PlacementPlan(
+        [dict(host_bundle)] * num_hosts,
+        "STRICT_SPREAD",
+        [host for host in range(num_hosts) for _ in range(num_workers_per_host)],
+    )
+
+
+def reserve(plan: PlacementPlan, timeout_s: float) -> Any:
+    """Create the placement group and wait until the cluster grants it; on timeout remove it and explain."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group(plan.bundles, strategy=plan.strategy, name="")
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if ready:
+        return group
+    remove_placement_group(group)
+    available = ray.available_resources()
+    total = ray.cluster_resources()
+    raise PlacementError(
+        f"The cluster could not place {len(plan.bundles)} bundles of {plan.bundles[0]} with strategy "
+        f"{plan.strategy} within placement_group_timeout_s={timeout_s}. The cluster has "
+        f"{_describe(total)} in total and {_describe(available)} free across {len(ray.nodes())} nodes. "
+        "Ask for fewer workers or resources, add nodes, or raise placement_group_timeout_s."
+        + (" STRICT_SPREAD needs one node per host." if plan.strategy == "STRICT_SPREAD" else "")
+    )
+
+
+def _describe(resources: dict[str, float]) -> str:
+    shown = {k: v for k, v in sorted(resources.items()) if k in ("CPU", "GPU")}
+    return ", ".join(f"{v:g} {k}" for k, v in shown.items()) or "no CPU or GPU"
+
+
+def assign_ranks(nodes: Sequence[NodeInfo]) -> list[WorkerPlacement]:
+    """Ranks for workers whose actors run on ``nodes`` (one entry per actor, in creation order).
+
+    Hosts are taken in the order their first worker was created, and each host's workers get consecutive
+    ranks, so local ranks are contiguous (what hierarchical collectives expect).
+    """
+    by_node: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        by_node.setdefault(node.node_id, []).append(index)
+    slots = assign_slots({node_id: len(indexes) for node_id, indexes in by_node.items()}, len(nodes))
+    node_rank = {node_id: i for i, node_id in enumerate(by_node)}
+    visible = {
+        node_id: tuple(sorted({gpu for i in indexes for gpu in nodes[i].gpu_ids}, key=_gpu_sort_key))
+        for node_id, indexes in by_node.items()
+    }
+    next_on_node = dict.fromkeys(by_node, 0)
+    placements = []
+    for slot in slots:
+        index = by_node[slot.host_id][next_on_node[slot.host_id]]
+        next_on_node[slot.host_id] += 1
+        placements.append(
+            WorkerPlacement(
+                index=index,
+                slot=slot,
+                node_rank=node_rank[slot.host_id],
+                num_nodes=len(by_node),
+                node=nodes[index],
+                visible_gpu_ids=visible[slot.host_id],
+            )
+        )
+    return placements
+
+
+def _gpu_sort_key(gpu_id: str) -> tuple[int, str]:
+    return (int(gpu_id), gpu_id) if gpu_id.isdigit() else (1 << 30, gpu_id)
+
+
+def wait_ready(refs: list[Any], timeout_s: float, what: str) -> list[Any]:
+    """``ray.get`` with a deadline that names what was awaited."""
+    import ray
+
+    start = time.monotonic()
+    try:
+        return list(ray.get(refs, timeout=timeout_s))
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(
+            f"{what} did not finish within timeout_s={timeout_s} (waited {time.monotonic() - start:.1f} s); "
+            "the cluster may be overloaded. Raise timeout_s in RayExecutor.create_settings()."
+        ) from None

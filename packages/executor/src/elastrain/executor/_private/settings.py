@@ -1,0 +1,87 @@
+"""Executor settings: what ``RayExecutor.create_settings`` returns."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from elastrain.executor._private.validation import check_positive
+
+
+@dataclass
+class ExecutorSettings:
+    """Timeouts and network choices for an executor.
+
+    ``timeout_s``: how long start-up steps may take (actors answering, the backend's rendezvous).
+    ``placement_group_timeout_s``: how long to wait for the cluster to grant the workers' resources.
+    ``nics``: network interfaces the collective backend may use (e.g. ``{"eth0"}``); ``None`` lets the backend
+    choose.
+
+    Elastic jobs: ``discovery`` is the ``HostDiscovery`` used with ``override_discovery=False`` (settable
+    afterwards, as with Horovod's ``settings.discovery = ...``), polled every ``discovery_interval_s``;
+    ``collective_timeout_s`` bounds a collective that waits on a silent peer.
+
+    ``ssh_identity_file`` and ``ssh_str`` exist for compatibility with Horovod's settings and are unused: Ray
+    starts the workers, not ssh.
+    """
+
+    timeout_s: float = 30
+    placement_group_timeout_s: float = 100
+    nics: frozenset[str] | None = None
+    ssh_identity_file: str | None = None
+    ssh_str: str | None = None
+    verbose: int = 1
+    discovery: Any = None
+    discovery_interval_s: float = 1.0
+    collective_timeout_s: float = 60.0
+
+
+def create_settings(
+    timeout_s: float = 30,
+    ssh_identity_file: str | None = None,
+    ssh_str: str | None = None,
+    placement_group_timeout_s: float = 100,
+    nics: Iterable[str] | None = None,
+    verbose: int = 1,
+    discovery: Any = None,
+    discovery_interval_s: float = 1.0,
+    collective_timeout_s: float = 60.0,
+    **unknown: object,
+) -> ExecutorSettings:
+    if unknown:
+        raise TypeError(_unknown_keywords_message("create_settings", unknown, SETTINGS_KEYWORDS))
+    check_positive("timeout_s", timeout_s)
+    check_positive("placement_group_timeout_s", placement_group_timeout_s)
+    check_positive("discovery_interval_s", discovery_interval_s)
+    check_positive("collective_timeout_s", collective_timeout_s)
+    if isinstance(nics, str):
+        raise ValueError(f"nics must be a set of interface names such as {{{nics!r}}}, not a string.")
+    nic_set = None if nics is None else frozenset(nics)
+    if nic_set is not None and (not nic_set or not all(isinstance(n, str) and n for n in nic_set)):
+        raise ValueError(f"nics must be a non-empty set of interface names such as {{'eth0'}}, got {nics!r}.")
+    return ExecutorSettings(
+        timeout_s=timeout_s,
+        placement_group_timeout_s=placement_group_timeout_s,
+        nics=nic_set,
+        ssh_identity_file=ssh_identity_file,
+        ssh_str=ssh_str,
+        verbose=verbose,
+        discovery=discovery,
+        discovery_interval_s=discovery_interval_s,
+        collective_timeout_s=collective_timeout_s,
+    )
+
+
+def _unknown_keywords_message(function: str, unknown: dict[str, object], known: Iterable[str]) -> str:
+    known = list(known)
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"{function}() got unknown keyword(s) {', '.join(hints)}; it accepts {', '.join(known)}."
+
+
+SETTINGS_KEYWORDS = tuple(p for p in inspect.signature(create_settings).parameters if p != "unknown")

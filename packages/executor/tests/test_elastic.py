@@ -1,0 +1,192 @@
+"""Elastic jobs with scripted discovery, mirroring Horovod's elastic suite.
+
+All hosts live on one Ray node: each scripted host ``host-N`` is a fake ``node:host-N`` resource, so workers
+are pinned to "hosts" that the test adds and removes by changing what discovery reports. Discovery is polled
+fast, and every change is triggered by what the workers report, not by sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from elastrain.discovery import StaticHostDiscovery
+from elastrain.executor import RayExecutor, context, elastic, send
+from elastrain_testutils.ray_testing import local_ray
+
+HOSTS = {f"node:host-{n}": 100 for n in range(1, 6)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_with_scripted_hosts() -> Iterator[None]:
+    with local_ray(num_cpus=4, resources=HOSTS):
+        yield
+
+
+def train_until(min_steps: int, until_size: int, max_steps: int = 3000) -> int:
+    """Allreduce-and-commit steps until at least ``min_steps`` ran in a group of ``until_size`` workers."""
+    import torch
+    import torch.distributed as dist
+
+    state = elastic.ObjectState(step=0, steps_at_size=0)
+    send({"event": "started", "pid": os.getpid()})
+
+    @elastic.run
+    def train(state: elastic.ObjectState) -> int:
+        while state.step < max_steps:
+            size = dist.get_world_size()
+            value = torch.ones(1)
+            dist.all_reduce(value)
+            assert value.item() == size
+            state.step += 1
+            state.steps_at_size = state.steps_at_size + 1 if size == until_size else 0
+            send({"event": "step", "size": size, "step": state.step})
+            time.sleep(0.02)
+            state.commit()
+            if state.steps_at_size >= min_steps:
+                break
+        return int(state.step)
+
+    steps = train(state)
+    send({"event": "finished", "rank": context().rank})
+    return steps
+
+
+class Script:
+    """Changes discovery when the workers' messages show a condition; records every message."""
+
+    def __init__(self, discovery: StaticHostDiscovery, plan: list[tuple[Callable[[dict[str, Any]], bool], str]]):
+        self.discovery = discovery
+        self.plan = list(plan)
+        self.messages: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        with self.lock:
+            self.messages.append(message)
+            if self.plan and self.plan[0][0](message):
+                _, hosts = self.plan.pop(0)
+                self.discovery.set_hosts(hosts)
+
+    def count(self, event: str) -> int:
+        return sum(1 for m in self.messages if m["event"] == event)
+
+    def sizes(self) -> list[int]:
+        return [m["size"] for m in self.messages if m["event"] == "step"]
+
+
+def size_seen(size: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: m["event"] == "step" and m["size"] == size
+
+
+def elastic_executor(discovery: StaticHostDiscovery, **kwargs: Any) -> RayExecutor:
+    settings = RayExecutor.create_settings(timeout_s=60, discovery=discovery, discovery_interval_s=0.05)
+    kwargs.setdefault("elastic_timeout", 60)
+    return RayExecutor(settings, override_discovery=False, cpus_per_worker=0.25, **kwargs)
+
+
+def test_hosts_added_then_removed() -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    script = Script(discovery, [(size_seen(2), "host-1:2,host-2:1,host-3:1"), (size_seen(4), "host-2:1")])
+    with elastic_executor(discovery, min_workers=1) as executor:
+        executor.start()
+        results = executor.run(train_until, args=[5, 1], callbacks=[script])
+    assert len(results) == 1
+    assert script.count("started") == 4
+    assert script.count("finished") == 1
+    assert {2, 4, 1} <= set(script.sizes())
+    assert script.plan == []
+
+
+def test_hosts_removed_then_added() -> None:
+    discovery = StaticHostDiscovery("host-1:2,host-2:2,host-3:1")
+    script = Script(discovery, [(size_seen(5), "host-1:2"), (size_seen(2), "host-1:2,host-4:1,host-5:1")])
+    with elastic_executor(discovery, min_workers=1) as executor:
+        executor.start()
+        results = executor.run(train_until, args=[5, 4], callbacks=[script])
+    assert len(results) == 4
+    assert script.count("finished") == 4
+    assert script.sizes()[-1] == 4
+
+
+def test_max_workers_is_never_exceeded() -> None:
+    discovery = StaticHostDiscovery("host-1:1")
+    script = Script(discovery, [(size_seen(1), "host-1:2,host-2:2,host-3:2")])
+    with elastic_executor(discovery, min_workers=1, max_workers=2) as executor:
+        executor.start()
+        results = executor.run(train_until, args=[5, 2], callbacks=[script])
+    assert len(results) == 2
+    assert max(script.sizes()) == 2
+    assert script.count("started") == 2
+
+
+def test_min_workers_waits_for_enough_slots() -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    added_at: list[float] = []
+
+    def add_hosts() -> None:
+        added_at.append(time.monotonic())
+        discovery.set_hosts("host-1:2,host-2:2")
+
+    timer = threading.Timer(1.0, add_hosts)
+    step_times: list[tuple[float, int]] = []
+    with elastic_executor(discovery, min_workers=4) as executor:
+        executor.start()  # returns at once: workers wait for run()
+        timer.start()
+        results = executor.run(
+            train_until,
+            args=[3, 4],
+            callbacks=[lambda m: m["event"] == "step" and step_times.append((time.monotonic(), m["size"]))],
+        )
+    assert len(results) == 4
+    assert added_at
+    assert min(t for t, _ in step_times) > added_at[0]
+    assert {size for _, size in step_times} == {4}
+
+
+def test_too_few_slots_for_too_long_fails_clearly() -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    with elastic_executor(discovery, min_workers=3, elastic_timeout=1.0) as executor:
+        executor.start()
+        start = time.monotonic()
+        with pytest.raises(elastic.ElasticJobError, match=r"at least 3 slots; saw 2 slots on 1 hosts"):
+            executor.run(train_until, args=[3, 3])
+        assert time.monotonic() - start < 10
+
+
+def test_start_returns_without_waiting_for_workers() -> None:
+    discovery = StaticHostDiscovery("host-1:1")
+    with elastic_executor(discovery, min_workers=8) as executor:
+        start = time.monotonic()
+        executor.start()
+        assert time.monotonic() - start < 5
+        assert executor.started
+
+
+def test_override_discovery_false_needs_a_discovery() -> None:
+    settings = RayExecutor.create_settings()
+    executor = RayExecutor(settings, min_workers=1, override_discovery=False)
+    with pytest.raises(ValueError, match="override_discovery=False needs a discovery"):
+        executor.start()
+
+
+def test_a_worker_that_raises_fails_the_job() -> None:
+    def broken() -> None:
+        state = elastic.ObjectState(step=0)
+
+        @elastic.run
+        def train(state: elastic.ObjectState) -> None:
+            raise ValueError("bad data")
+
+        train(state)
+
+    discovery = StaticHostDiscovery("host-1:2")
+    with elastic_executor(discovery, min_workers=2) as executor:
+        executor.start()
+        with pytest.raises(Exception, match="bad data"):
+            executor.run(broken)
