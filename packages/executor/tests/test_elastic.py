@@ -190,3 +190,12 @@ def test_a_worker_that_raises_fails_the_job() -> None:
         executor.start()
         with pytest.raises(Exception, match="bad data"):
             executor.run(broken)
+
+
+def test_reset_limit_stops_the_job() -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    script = Script(discovery, [(size_seen(2), "host-1:1"), (size_seen(1), "host-1:2")])
+    with elastic_executor(discovery, min_workers=1, reset_limit=1) as executor:
+        executor.start()
+        with pytest.raises(elastic.ElasticJobError, match=r"reset 2, beyond reset_limit=1"):
+            executor.run(train_until, args=[10_000, 3], callbacks=[script])

@@ -18,6 +18,7 @@ from elastrain.executor._private.placement import (
     NodeInfo,
     WorkerPlacement,
     assign_ranks,
+    control_actor_options,
     plan_placement,
     reserve,
     wait_ready,
@@ -159,7 +160,7 @@ class RayExecutor:
             self._own_placement_group = True
         bundle_count = len(self._placement_group.bundle_specs)
 
-        self._sink = ray.remote(MessageSink).options(num_cpus=0).remote()
+        self._sink = ray.remote(MessageSink).options(**control_actor_options()).remote()
         worker_class = ray.remote(Worker)
         actors = [
             worker_class.options(

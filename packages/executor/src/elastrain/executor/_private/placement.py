@@ -145,3 +145,16 @@ def wait_ready(refs: list[Any], timeout_s: float, what: str) -> list[Any]:
             f"{what} did not finish within timeout_s={timeout_s} (waited {time.monotonic() - start:.1f} s); "
             "the cluster may be overloaded. Raise timeout_s in RayExecutor.create_settings()."
         ) from None
+
+
+def control_actor_options() -> dict[str, Any]:
+    """Options for the executor's own zero-CPU actors (messages, rendezvous): on the driver's node.
+
+    Left to Ray, a zero-CPU actor may land on any node, and losing that node would lose the job's control
+    plane; the driver's node lives as long as the job does.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    driver_node = ray.get_runtime_context().get_node_id()
+    return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(driver_node, soft=False)}

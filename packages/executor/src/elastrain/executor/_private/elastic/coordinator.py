@@ -17,6 +17,7 @@ class Coordinator:
         self._pending_generation = 0  # > current generation while the driver prepares a larger world
         self._stores: dict[int, tuple[str, int]] = {}
         self._arrived: dict[int, set[str]] = {}
+        self._members_so_far: set[str] = set()  # every worker that has been in a published world
         self._changed = asyncio.Condition()
         self._failures: list[tuple[str, int, str]] = []
 
@@ -25,6 +26,7 @@ class Coordinator:
     async def publish(self, world: World) -> None:
         async with self._changed:
             self._world = world
+            self._members_so_far.update(m.worker_id for m in world.members)
             self._pending_generation = max(self._pending_generation, world.generation)
             for generation in [g for g in self._stores if g < world.generation]:
                 del self._stores[generation]
@@ -45,14 +47,18 @@ class Coordinator:
     # -- worker side -----------------------------------------------------------------------------------------
 
     async def join(self, worker_id: str, after_generation: int, timeout_s: float) -> World | None:
-        """The first world newer than ``after_generation``: the worker's next group.
+        """The first world newer than ``after_generation`` that concerns the worker: its next group.
 
-        Returns that world even when the worker is not in it, so the worker learns it was dropped; ``None``
-        when no such world appears within ``timeout_s``.
+        A worker that was in an earlier world gets the next world even when it is not in it, so it learns it
+        was dropped. A new worker waits for a world that includes it (the driver adds it once it is ready).
+        ``None`` when no such world appears within ``timeout_s``.
         """
 
         def ready() -> bool:
-            return self._world is not None and self._world.generation > after_generation
+            world = self._world
+            if world is None or world.generation <= after_generation:
+                return False
+            return world.member(worker_id) is not None or worker_id in self._members_so_far
 
         async with self._changed:
             try:

@@ -290,7 +290,11 @@ class ElasticDriver:
             worker.joined = True
         self.stats.worlds.append(self._world.size)
         ray.get(self.coordinator.publish.remote(self._world), timeout=30)
-        logger.info("Published group %s with %s workers.", self._generation, self._world.size)
+        logger.info(
+            "Published group %s: %s.",
+            self._generation,
+            ", ".join(f"{m.worker_id}@{m.slot.host_id}" for m in self._world.members),
+        )
 
     def _unpublished_ready(self) -> bool:
         members = {m.worker_id for m in self._world.members} if self._world else set()

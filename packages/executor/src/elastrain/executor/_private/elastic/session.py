@@ -11,6 +11,7 @@ from elastrain.executor._private.elastic.driver import ElasticDriver, ElasticSta
 from elastrain.executor._private.elastic.runtime import ElasticOptions
 from elastrain.executor._private.messages import Callback, MessagePump, MessageSink
 from elastrain.executor._private.options import ExecutorOptions
+from elastrain.executor._private.placement import control_actor_options
 from elastrain.executor._private.settings import ExecutorSettings
 from elastrain.executor._private.worker import Worker
 
@@ -43,8 +44,8 @@ class ElasticSession:
             poll_interval_s=settings.discovery_interval_s,
             cooldown_range=options.cooldown_range,
         ).start()
-        self.coordinator: Any = ray.remote(Coordinator).options(num_cpus=0).remote()
-        self.sink: Any = ray.remote(MessageSink).options(num_cpus=0).remote()
+        self.coordinator: Any = ray.remote(Coordinator).options(**control_actor_options()).remote()
+        self.sink: Any = ray.remote(MessageSink).options(**control_actor_options()).remote()
         self.worker_class: Any = ray.remote(Worker)
         self.calls = 0
         self.driver: ElasticDriver | None = None  # the running call's driver
@@ -88,7 +89,7 @@ class ElasticSession:
                 pump.stop(_CALLBACK_DRAIN_S)
             # A fresh rendezvous actor per call: worlds of one call never leak into the next.
             ray.kill(self.coordinator, no_restart=True)
-            self.coordinator = ray.remote(Coordinator).options(num_cpus=0).remote()
+            self.coordinator = ray.remote(Coordinator).options(**control_actor_options()).remote()
 
     def shutdown(self) -> None:
         import ray
