@@ -155,12 +155,14 @@ class HostManager:
             return events
 
     def blacklist(self, host_id: str) -> float | None:
-        """Take ``host_id`` out of service; returns its cooldown in seconds, ``None`` when it is out for good."""
-        with self._refresh_lock:
-            cooldown = self._blacklist.add(host_id)
-            with self._changed:
-                events = self._apply()
-            self._notify(events)
+        """Take ``host_id`` out of service; returns its cooldown in seconds, ``None`` when it is out for good.
+
+        Does not wait for a poll in progress, so a slow discovery never delays the caller.
+        """
+        cooldown = self._blacklist.add(host_id)
+        with self._changed:
+            events = self._apply()
+        self._notify(events)
         logger.info("Blacklisted host %s %s.", host_id, "for good" if cooldown is None else f"for {cooldown:.1f} s")
         return cooldown
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastrain.executor._private.backends.base import Backend, resolve_backend
 from elastrain.executor._private.calls import WorkerCalls
 from elastrain.executor._private.context import WorkerContext
 from elastrain.executor._private.elastic.session import ElasticSession
+
+if TYPE_CHECKING:
+    from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
 from elastrain.executor._private.errors import ExecutorNotStartedError
 from elastrain.executor._private.messages import Callback, MessagePump, MessageSink
 from elastrain.executor._private.options import ExecutorOptions, check_options
@@ -83,7 +86,7 @@ class RayExecutor:
         self._own_placement_group = False
         self._sink: Any = None
         self._calls_with_callbacks = 0
-        self._elastic: ElasticSession | None = None
+        self._elastic: ElasticSession | HorovodElasticSession | None = None
         self.run_id = ""
 
     # -- properties ------------------------------------------------------------------------------------------
@@ -122,7 +125,12 @@ class RayExecutor:
         if self.options.elastic:
             if executable_cls is not None:
                 raise NotImplementedError("Elastic jobs take no executable_cls; pass the function to run().")
-            self._elastic = ElasticSession(self.options, self.settings)
+            if self.backend.name == "horovod":
+                from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
+
+                self._elastic = HorovodElasticSession(self.options, self.settings)
+            else:
+                self._elastic = ElasticSession(self.options, self.settings)
             return
         import ray
 
@@ -174,6 +182,21 @@ class RayExecutor:
             ).remote()
             for bundle in plan.bundle_of_worker
         ]
+        try:
+            self._calls = self._set_up(actors, executable_cls, executable_args, executable_kwargs, extra_env_vars)
+        except BaseException:
+            for actor in actors:  # not yet known to shutdown(): release them here
+                ray.kill(actor, no_restart=True)
+            raise
+
+    def _set_up(
+        self,
+        actors: list[Any],
+        executable_cls: type | None,
+        executable_args: tuple[Any, ...],
+        executable_kwargs: dict[str, Any],
+        extra_env_vars: dict[str, str],
+    ) -> WorkerCalls:
         nodes: list[NodeInfo] = wait_ready(
             [actor.node_info.remote() for actor in actors], self.settings.timeout_s, "Starting the worker actors"
         )
@@ -193,7 +216,7 @@ class RayExecutor:
             for rank, actor in enumerate(by_rank)
         ]
         calls.gather(setups)
-        self._calls = calls
+        return calls
 
     def _context(self, placement: WorkerPlacement) -> WorkerContext:
         slot = placement.slot

@@ -7,6 +7,7 @@ it is bounded by the caller's timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from elastrain.executor._private.elastic.world import World
 
@@ -17,6 +18,7 @@ class Coordinator:
         self._pending_generation = 0  # > current generation while the driver prepares a larger world
         self._stores: dict[int, tuple[str, int]] = {}
         self._arrived: dict[int, set[str]] = {}
+        self._complete: set[int] = set()  # generations whose members all arrived
         self._members_so_far: set[str] = set()  # every worker that has been in a published world
         self._changed = asyncio.Condition()
         self._failures: list[tuple[str, int, str]] = []
@@ -32,12 +34,7 @@ class Coordinator:
                 del self._stores[generation]
             for generation in [g for g in self._arrived if g < world.generation]:
                 del self._arrived[generation]
-            self._changed.notify_all()
-
-    async def announce(self, generation: int) -> None:
-        """Tell workers that a new world is coming; they leave the current one at their next commit."""
-        async with self._changed:
-            self._pending_generation = max(self._pending_generation, generation)
+            self._complete = {g for g in self._complete if g >= world.generation - 1}
             self._changed.notify_all()
 
     async def take_failures(self) -> list[tuple[str, int, str]]:
@@ -75,20 +72,23 @@ class Coordinator:
         before anyone blocks there, so a worker never waits for peers who went on to a newer world.
         """
         async with self._changed:
-            self._arrived.setdefault(generation, set()).add(worker_id)
+            arrived = self._arrived.setdefault(generation, set())
+            arrived.add(worker_id)
+            world = self._world
+            if world is not None and world.generation == generation and {m.worker_id for m in world.members} <= arrived:
+                self._complete.add(generation)
             self._changed.notify_all()
 
             def settled() -> bool:
-                world = self._world
-                if world is None or world.generation != generation:
-                    return True
-                return {m.worker_id for m in world.members} <= self._arrived.get(generation, set())
+                current = self._world
+                return generation in self._complete or current is None or current.generation != generation
 
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(settled), timeout_s)
-            except TimeoutError:
-                return False
-            return self._world is not None and self._world.generation == generation
+            if generation in self._complete:
+                return True
+            arrived.discard(worker_id)  # gone from this generation: it must not count as present
+            return False
 
     async def pending_generation(self) -> int:
         return self._pending_generation
@@ -108,5 +108,6 @@ class Coordinator:
             return self._stores[generation]
 
     async def report_failure(self, worker_id: str, generation: int, reason: str) -> None:
-        """A worker saw its group fail (a peer crashed); the driver reads these to react before Ray tells it."""
+        """A worker saw its group fail. A peer's death also reaches the driver through Ray; a failure without
+        one (a formation that timed out, a collective that hung) reaches it only through this."""
         self._failures.append((worker_id, generation, reason))

@@ -28,6 +28,8 @@ logger = logging.getLogger("elastrain.executor")
 _POLL_S = 0.05
 # Workers that die before they ever joined a group, this many times in a row on one host, mark the host bad.
 _STARTUP_FAILURES_BEFORE_BLACKLIST = 3
+# How often the driver reads the failures workers report.
+_FAILURE_POLL_S = 0.25
 
 
 class ElasticJobError(ExecutorError):
@@ -86,6 +88,8 @@ class ElasticDriver:
         self._workers: dict[str, _Worker] = {}
         self._generation = 0
         self._world: World | None = None
+        self._members_by_generation: dict[int, set[str]] = {}
+        self._next_failure_poll = 0.0
         self._host_events: queue.SimpleQueue[list[HostEvent]] = queue.SimpleQueue()
         self._startup_failures: dict[str, int] = {}
         self._below_min_since: float | None = None
@@ -129,12 +133,14 @@ class ElasticDriver:
                     return done
                 continue
             lost |= self._apply_host_events()
+            self._give_up_on_slow_starts()
+            force = self._group_failed_without_a_death(ray)
             self._check_minimum()
             self._fill()
             # A loss is published at once (survivors are waiting); workers that are still starting get a moment
             # more, so that several newcomers join in one reset rather than one reset each.
-            if lost or ((gained or self._unpublished_ready()) and not self._starting_recently()):
-                self._publish()
+            if lost or force or ((gained or self._unpublished_ready()) and not self._starting_recently()):
+                self._publish(force=force)
 
     def _finished_results(self, finished: list[_Finish]) -> list[Any] | None:
         """Once a worker finished, the members of its world finish too; newer joiners are let go."""
@@ -186,6 +192,7 @@ class ElasticDriver:
                 self._on_died(worker, f"failed to start: {_first_line(error)}")
             return False
         if worker.stopping:
+            self._forget(worker)
             return False
         worker.run_ref = worker.actor.run_elastic.remote(
             payload, call_id, worker.worker_id, self.coordinator, self.elastic_options, self.sink
@@ -269,13 +276,15 @@ class ElasticDriver:
 
     # -- worlds ----------------------------------------------------------------------------------------------
 
-    def _publish(self) -> None:
+    def _publish(self, force: bool = False) -> None:
+        """Publish the ready workers as a new group (``force``: even when they are the current group's)."""
         import ray
 
         ready = [w for w in self._workers.values() if w.run_ref is not None and not w.stopping]
         if len(ready) < self.options.num_workers:
             return  # survivors wait in join until enough workers are up (bounded by elastic_timeout)
-        if self._world is not None and {m.worker_id for m in self._world.members} == {w.worker_id for w in ready}:
+        same = self._world is not None and {m.worker_id for m in self._world.members} == {w.worker_id for w in ready}
+        if same and not force:
             return
         if self._world is not None:
             self.stats.resets += 1
@@ -286,6 +295,7 @@ class ElasticDriver:
                 )
         self._generation += 1
         self._world = _make_world(self._generation, ready, list(self.manager.current_hosts))
+        self._members_by_generation[self._generation] = {m.worker_id for m in self._world.members}
         for worker in ready:
             worker.joined = True
         self.stats.worlds.append(self._world.size)
@@ -295,6 +305,29 @@ class ElasticDriver:
             self._generation,
             ", ".join(f"{m.worker_id}@{m.slot.host_id}" for m in self._world.members),
         )
+
+    def _group_failed_without_a_death(self, ray: Any) -> bool:
+        """Whether workers reported that the current group failed (polled a few times a second)."""
+        now = time.monotonic()
+        if self._world is None or now < self._next_failure_poll:
+            return False
+        self._next_failure_poll = now + _FAILURE_POLL_S
+        reports = ray.get(self.coordinator.take_failures.remote(), timeout=30)
+        current = [r for r in reports if r[1] == self._world.generation]
+        if current:
+            logger.warning("Group %s failed (%s); forming a new one.", self._world.generation, current[0][2])
+        return bool(current)
+
+    def _give_up_on_slow_starts(self) -> None:
+        """A worker that has not started within the start-up grace (say, no node can host it) counts as failed."""
+        import ray
+
+        now = time.monotonic()
+        for worker in list(self._workers.values()):
+            if worker.node is None and not worker.stopping and now - worker.spawned_at > self.startup_grace_s:
+                worker.stopping = True
+                ray.kill(worker.actor, no_restart=True)
+                self._on_died(worker, f"did not start within {self.startup_grace_s} s")
 
     def _unpublished_ready(self) -> bool:
         members = {m.worker_id for m in self._world.members} if self._world else set()
@@ -330,7 +363,10 @@ class ElasticDriver:
 
 
 def _make_world(generation: int, workers: Sequence[_Worker], host_order: list[str]) -> World:
-    """Ranks by host (hosts in discovery order), previous members before newcomers on each host."""
+    """Ranks by host (hosts in discovery order), previous members before newcomers on each host.
+
+    Which worker's state the group takes is decided by the workers when they sync (most commits wins).
+    """
     position = {host: i for i, host in enumerate(host_order)}
     ordered = sorted(workers, key=lambda w: (position.get(w.host_id, len(position)), not w.joined, w.worker_id))
     by_host: dict[str, list[_Worker]] = {}
@@ -344,9 +380,7 @@ def _make_world(generation: int, workers: Sequence[_Worker], host_order: list[st
         worker = by_host[slot.host_id][taken[slot.host_id]]
         taken[slot.host_id] += 1
         members.append(Member(worker.worker_id, slot, node_rank[slot.host_id], len(by_host)))
-    joined = {w.worker_id for w in workers if w.joined}
-    sources = [m.slot.rank for m in members if m.worker_id in joined]
-    return World(generation, tuple(members), sync_source=min(sources) if sources else 0)
+    return World(generation, tuple(members))
 
 
 def _placement_on(host_id: str) -> dict[str, Any]:

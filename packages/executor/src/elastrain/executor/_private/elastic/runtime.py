@@ -25,13 +25,9 @@ _COLLECTIVE_FAILURE_MARKERS = (
     "connection closed by peer",
     "connection reset by peer",
     "broken pipe",
-    "timed out",
-    "timeout",
-    "gloo",
-    "nccl",
     "connection refused",
-    "socket",
-    "process group",
+    "timed out",
+    "gloo/transport",
 )
 
 
@@ -98,8 +94,9 @@ class Runtime:
         import ray
         import torch.distributed as dist
 
+        # Survivors arrive at their next commit, which may take a while: wait as long as for a next group.
         arrived = ray.get(
-            self.coordinator.arrive.remote(world.generation, self.worker_id, self.options.formation_timeout_s)
+            self.coordinator.arrive.remote(world.generation, self.worker_id, self.options.rendezvous_timeout_s)
         )
         if not arrived:
             raise TimeoutError(f"Group {world.generation} was replaced before every member arrived.")
@@ -177,13 +174,28 @@ class Runtime:
         import torch.distributed as dist
 
         mine = int(ray.get(self.coordinator.pending_generation.remote()) > self.generation)
-        flag = torch.tensor([mine], dtype=torch.int32)
+        flag = torch.tensor([mine], dtype=torch.int32, device=_collective_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    @property
-    def sync_source(self) -> int:
-        return 0 if self.world is None else self.world.sync_source
+    def choose_sync_source(self, commits: int) -> tuple[int, int]:
+        """The rank whose state is newest (most commits; the lowest such rank), and its commit count.
+
+        Decided by the workers themselves, so a newcomer, or a worker that was published into a group but never
+        received state, can never overwrite a survivor's progress.
+        """
+        import torch
+        import torch.distributed as dist
+
+        counts = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=_collective_device())
+        counts[dist.get_rank()] = commits
+        dist.all_reduce(counts)
+        best = int(counts.max().item())
+        return int((counts == best).nonzero()[0].item()), best
+
+    def report_failure(self, error: BaseException) -> None:
+        """Tell the driver this group failed, so it forms a new one even when no worker died."""
+        self.coordinator.report_failure.remote(self.worker_id, self.generation, _first_line(error))
 
 
 _current: Runtime | None = None
@@ -208,16 +220,20 @@ def check_host_updates() -> None:
         raise HostsUpdatedInterrupt
 
 
-def is_sync_source() -> bool:
-    runtime = current()
-    return runtime.member is not None and runtime.member.slot.rank == runtime.sync_source
+def choose_sync_source(commits: int) -> tuple[int, int]:
+    return current().choose_sync_source(commits)
 
 
-def broadcast_object(value: Any) -> Any:
+def rank() -> int:
+    member = current().member
+    return -1 if member is None else member.slot.rank
+
+
+def broadcast_object(value: Any, source: int) -> Any:
     import torch.distributed as dist
 
     holder = [value]
-    dist.broadcast_object_list(holder, src=current().sync_source)
+    dist.broadcast_object_list(holder, src=source)
     return holder[0]
 
 
@@ -244,24 +260,39 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
         runtime = current()
-        if runtime.world is None:
-            runtime.join_next_world()
-        state.sync()
+        rejoin = runtime.world is None
+        reset = False
         while True:
             try:
+                if rejoin:
+                    runtime.join_next_world()
+                    rejoin = False
+                state.sync()
+                if reset:
+                    state.on_reset()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
                 pass  # the state was committed just before the interrupt
             except Exception as error:
                 if not is_collective_failure(error):
                     raise
+                runtime.report_failure(error)
                 state.restore()
             runtime.resets += 1
-            runtime.join_next_world()
-            state.sync()
-            state.on_reset()
+            rejoin = reset = True
 
     return wrapper
+
+
+def _collective_device() -> str:
+    import torch.distributed as dist
+
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:500] if text else type(error).__name__
 
 
 def _default_backend() -> str:

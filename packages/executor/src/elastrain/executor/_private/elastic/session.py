@@ -85,11 +85,11 @@ class ElasticSession:
         finally:
             self.driver = None
             self.last_stats = driver.stats
-            if pump is not None:
-                pump.stop(_CALLBACK_DRAIN_S)
-            # A fresh rendezvous actor per call: worlds of one call never leak into the next.
+            # A fresh rendezvous actor per call, whatever happens: worlds of one call never leak into the next.
             ray.kill(self.coordinator, no_restart=True)
             self.coordinator = ray.remote(Coordinator).options(**control_actor_options()).remote()
+            if pump is not None:
+                pump.stop(_CALLBACK_DRAIN_S)
 
     def shutdown(self) -> None:
         import ray

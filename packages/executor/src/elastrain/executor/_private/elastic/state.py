@@ -71,8 +71,8 @@ class ObjectState(State):
             setattr(self, name, value)
 
     def sync(self) -> None:
-        values = runtime.broadcast_object(self._saved if runtime.is_sync_source() else None)
-        self._saved = values
+        source, self.commits = runtime.choose_sync_source(self.commits)
+        self._saved = runtime.broadcast_object(self._saved if runtime.rank() == source else None, source)
         self.restore()
 
 
@@ -105,9 +105,9 @@ class TorchState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        source = runtime.is_sync_source()
-        payload = (self._saved_model, self._saved_optimizer, self._saved) if source else None
-        self._saved_model, self._saved_optimizer, self._saved = runtime.broadcast_object(payload)
+        source, self.commits = runtime.choose_sync_source(self.commits)
+        payload = (self._saved_model, self._saved_optimizer, self._saved) if runtime.rank() == source else None
+        self._saved_model, self._saved_optimizer, self._saved = runtime.broadcast_object(payload, source)
         self.restore()
 
 

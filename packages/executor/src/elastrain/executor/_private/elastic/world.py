@@ -19,15 +19,10 @@ class Member:
 
 @dataclass(frozen=True)
 class World:
-    """Generation ``generation`` of the group; ``members`` are ordered by rank.
-
-    ``sync_source`` is the rank whose committed state everyone takes after the group forms: a worker that was
-    in the previous group, never a newcomer.
-    """
+    """Generation ``generation`` of the group; ``members`` are ordered by rank."""
 
     generation: int
     members: tuple[Member, ...]
-    sync_source: int = 0
 
     @property
     def size(self) -> int:
