@@ -223,3 +223,25 @@ def test_placement_group_is_freed_on_shutdown() -> None:
     group_id = ex._placement_group.id.hex()
     ex.shutdown()
     assert placement_group_table()[group_id]["state"] == "REMOVED"
+
+
+def test_runs_inside_the_callers_placement_group() -> None:
+    """A job started from a task in a placement group (a Ray Tune trial) keeps its workers in that group."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group([{"CPU": 0.5}] * 3)
+    ray.get(group.ready(), timeout=30)
+
+    @ray.remote(num_cpus=0.5)
+    def trial() -> list[str]:
+        with executor(2) as ex:
+            ex.start()
+            return ex.run(lambda: ray.get_runtime_context().get_placement_group_id())  # type: ignore[no-any-return]
+
+    try:
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+        assert ray.get(trial.options(scheduling_strategy=strategy).remote(), timeout=120) == [group.id.hex()] * 2
+    finally:
+        remove_placement_group(group)

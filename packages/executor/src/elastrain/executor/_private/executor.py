@@ -166,7 +166,6 @@ class RayExecutor:
         else:
             self._placement_group = reserve(plan, self.settings.placement_group_timeout_s)
             self._own_placement_group = True
-        bundle_count = len(self._placement_group.bundle_specs)
 
         self._sink = ray.remote(MessageSink).options(**control_actor_options()).remote()
         worker_class = ray.remote(Worker)
@@ -177,7 +176,8 @@ class RayExecutor:
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._placement_group,
-                    placement_group_bundle_index=bundle if bundle < bundle_count else -1,
+                    # In a caller's group, any bundle with room: its bundles were not shaped for these workers.
+                    placement_group_bundle_index=bundle if self._own_placement_group else -1,
                 ),
             ).remote()
             for bundle in plan.bundle_of_worker
