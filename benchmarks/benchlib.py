@@ -53,6 +53,12 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(samples)
 
 
+def median_per_call(fn: Callable[[], object], calls: int) -> float:
+    """Median time of one call over ``calls`` calls, after one warm-up call."""
+    fn()
+    return median_seconds(fn, calls)
+
+
 def per_call_seconds(fn: Callable[[], object], calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):

@@ -1,6 +1,7 @@
 """Elastic recovery: how long training stops when a worker crashes, a node joins, or a node is lost.
 
-Each scenario runs in its own process on a fresh Ray, for elastrain and for Ray Train in the same run:
+Each scenario runs in its own process on a fresh Ray, for elastrain, Ray Train and (when installed) Horovod
+elastic, in the same run. elastrain's discovery and Ray Train V2's resize monitor both look every second:
 - worker crash: a worker calls ``os._exit`` at step 30; time from the crash to the next completed training
   step. elastrain's survivors go on in a smaller group at once; Ray Train (``FailureConfig``) restarts the whole
   group from its last checkpoint.
@@ -12,6 +13,7 @@ Timestamps come from ``time.time()`` in the workers and the driver; all processe
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +28,9 @@ from benchlib import Row, parse_args, write_results
 
 CRASH_STEP = 30
 STEP_S = 0.05
+# How often elastrain polls discovery and Ray Train V2 considers resizing: the same for both.
+MONITOR_INTERVAL_S = 1.0
+NODE_ARGS = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024}
 
 
 # -- elastrain ------------------------------------------------------------------------------------------------
@@ -84,7 +89,7 @@ def _cluster_run(change: str) -> dict[str, float]:
 
     from elastrain.executor import RayExecutor
 
-    node_args = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024}
+    node_args = NODE_ARGS
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
     extra = cluster.add_node(**node_args) if change == "lose" else None
     ray.init(address=cluster.address, log_to_driver=False)
@@ -98,7 +103,7 @@ def _cluster_run(change: str) -> dict[str, float]:
         if message["size"] == expected_before and message["step"] > 20:
             running.set()
 
-    settings = RayExecutor.create_settings(timeout_s=60, discovery_interval_s=0.2)
+    settings = RayExecutor.create_settings(timeout_s=60, discovery_interval_s=MONITOR_INTERVAL_S)
     executor = RayExecutor(settings, min_workers=1, max_workers=2, cpus_per_worker=2, elastic_timeout=120)
     executor.start()
     job_done = threading.Event()
@@ -176,11 +181,127 @@ def ray_train_crash() -> dict[str, float]:
     return {"recovery_s": min(t for t, pid in entries if t > crashed_at and pid not in before) - crashed_at}
 
 
+def _ray_train_cluster(change: str) -> dict[str, float]:
+    """Ray Train V2 elastic (``num_workers=(1, 2)``), one 2-CPU worker per node, a node added or lost."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False})
+    extra = cluster.add_node(**NODE_ARGS) if change == "lose" else None
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    with tempfile.TemporaryDirectory() as tmp:
+        log, stop = os.path.join(tmp, "steps"), os.path.join(tmp, "stop")
+
+        def loop(config: dict[str, Any]) -> None:
+            import ray.train
+
+            size = ray.train.get_context().get_world_size()
+            while not os.path.exists(config["stop"]):
+                time.sleep(STEP_S)
+                with open(config["log"], "a") as out:
+                    out.write(f"{time.time()} {size}\n")
+
+        trainer = TorchTrainer(
+            loop,
+            train_loop_config={"log": log, "stop": stop},
+            scaling_config=ScalingConfig(
+                num_workers=(1, 2),
+                resources_per_worker={"CPU": 2},
+                elastic_resize_monitor_interval_s=MONITOR_INTERVAL_S,
+            ),
+            run_config=RunConfig(storage_path=tmp, failure_config=FailureConfig(max_failures=3)),
+        )
+        fit = threading.Thread(target=trainer.fit, daemon=True)
+        fit.start()
+
+        def entries() -> list[tuple[float, int]]:
+            if not os.path.exists(log):
+                return []
+            return [(float(t), int(n)) for t, n in (line.split() for line in Path(log).read_text().splitlines())]
+
+        before, wanted = (2, 1) if change == "lose" else (1, 2)
+        deadline = time.time() + 180
+        while sum(1 for _, n in entries() if n == before) < 20 and time.time() < deadline:
+            time.sleep(0.1)
+        changed_at = time.time()
+        if change == "add":
+            cluster.add_node(**NODE_ARGS)
+        else:
+            cluster.remove_node(extra, allow_graceful=False)
+        deadline = time.time() + 240
+        while not [t for t, n in entries() if t > changed_at and n == wanted] and time.time() < deadline:
+            time.sleep(0.1)
+        after = [t for t, n in entries() if t > changed_at and n == wanted]
+        Path(stop).write_text("")
+        fit.join(60)
+    ray.shutdown()
+    cluster.shutdown()
+    if not after:
+        raise RuntimeError(f"Ray Train never reached {wanted} workers after the node was {change}ed")
+    return {"recovery_s": after[0] - changed_at}
+
+
+def ray_train_node_added() -> dict[str, float]:
+    return _ray_train_cluster("add")
+
+
+def ray_train_node_lost() -> dict[str, float]:
+    return _ray_train_cluster("lose")
+
+
+def horovod_train(steps: int, crash_marker: str, log: str) -> int:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0)
+
+    @hvd.elastic.run
+    def train(state: Any) -> int:
+        while state.step < steps:
+            if state.step == CRASH_STEP and hvd.rank() == 1 and not os.path.exists(crash_marker):
+                Path(crash_marker).write_text(str(time.time()))
+                os._exit(1)
+            hvd.allreduce(torch.ones(1))
+            state.step += 1
+            with open(log, "a") as out:
+                out.write(f"{time.time()}\n")
+            time.sleep(STEP_S)
+            state.commit()
+        return int(state.step)
+
+    return int(train(state))
+
+
+def horovod_crash() -> dict[str, float]:
+    import ray
+    from horovod.ray import RayExecutor as HorovodRayExecutor
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        marker, log = os.path.join(tmp, "crashed"), os.path.join(tmp, "steps")
+        settings = HorovodRayExecutor.create_settings(timeout_s=60, nics={"lo"})
+        executor = HorovodRayExecutor(settings, min_workers=1, max_workers=2, cpus_per_worker=1)
+        executor.start()
+        executor.run(lambda: horovod_train(CRASH_STEP + 60, marker, log))
+        executor.shutdown()
+        crashed_at = float(Path(marker).read_text())
+        times = [float(line) for line in Path(log).read_text().split()]
+    ray.shutdown()
+    return {"recovery_s": min(t for t in times if t > crashed_at) - crashed_at}
+
+
 SCENARIOS = {
     "elastrain_crash": elastrain_crash,
     "elastrain_node_added": elastrain_node_added,
     "elastrain_node_lost": elastrain_node_lost,
     "ray_train_crash": ray_train_crash,
+    "ray_train_node_added": ray_train_node_added,
+    "ray_train_node_lost": ray_train_node_lost,
+    "horovod_crash": horovod_crash,
 }
 
 
@@ -197,11 +318,6 @@ def measure_in_child(name: str) -> dict[str, float] | None:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-# Ray Train V2's elastic numbers need its elastic scaling mode, which this benchmark does not drive yet; until
-# it does, they come from ../shared/notes/ray-facts.md (measured on this kind of machine) and are marked so.
-RAY_TRAIN_V2_NOTES = {"node_added_s": 22.9, "node_lost_s": 73.6}
-
-
 def main() -> None:
     if "--scenario" in sys.argv:
         result = SCENARIOS[sys.argv[sys.argv.index("--scenario") + 1]]()
@@ -209,7 +325,8 @@ def main() -> None:
         return
     args = parse_args(__doc__ or "")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    results = {name: measure_in_child(name) for name in SCENARIOS}
+    have_horovod = importlib.util.find_spec("horovod") is not None
+    results = {name: measure_in_child(name) for name in SCENARIOS if have_horovod or not name.startswith("horovod")}
     rows: list[Row] = []
     crash, train_crash = results["elastrain_crash"], results["ray_train_crash"]
     if crash and train_crash:
@@ -221,21 +338,24 @@ def main() -> None:
             Row("worker crash, 2 workers", "crash → replacement joined", crash["back_to_full_s"],
                 "Ray Train FailureConfig restart", train_crash["recovery_s"], None)
         )  # fmt: skip
-    added, lost = results["elastrain_node_added"], results["elastrain_node_lost"]
-    if added:
+    horovod = results.get("horovod_crash")
+    if crash and horovod:
         rows.append(
-            Row("Cluster, node added", "add_node → first step with 2 workers", added["recovery_s"],
-                "Ray Train V2 elastic (notes)", RAY_TRAIN_V2_NOTES["node_added_s"], 0.2)
+            Row("worker crash, 2 workers", "crash → next step", crash["recovery_s"], "Horovod elastic",
+                horovod["recovery_s"], None)
         )  # fmt: skip
-    if lost:
-        rows.append(
-            Row("Cluster, hard node loss", "remove_node → first step on 1 worker", lost["recovery_s"],
-                "Ray Train V2 elastic (notes)", RAY_TRAIN_V2_NOTES["node_lost_s"], 0.1)
-        )  # fmt: skip
+    for scenario, metric, target in (
+        ("node_added", "add_node → first step with 2 workers", 0.2),
+        ("node_lost", "remove_node(allow_graceful=False) → first step on 1 worker", 0.1),
+    ):
+        ours, theirs = results[f"elastrain_{scenario}"], results[f"ray_train_{scenario}"]
+        if ours and theirs:
+            case = "Cluster, node added" if scenario == "node_added" else "Cluster, hard node loss"
+            rows.append(Row(case, metric, ours["recovery_s"], "Ray Train V2 elastic", theirs["recovery_s"], target))
     notes = {
         "failed_scenarios": [name for name, value in results.items() if value is None],
-        "ray_train_v2_elastic": "baseline from shared notes, not measured in this run",
-        "horovod_elastic": "not measured yet",
+        "monitor_interval_s": MONITOR_INTERVAL_S,
+        "horovod": "measured" if have_horovod else "not installed (run `nox -s tests_horovod` first)",
     }
     write_results("executor_elastic", rows, args.output, notes=notes)
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchlib import Row, parse_args, write_results
+from benchlib import Row, median_per_call, median_seconds, parse_args, write_results
 
 NUM_WORKERS = 2
 
@@ -46,10 +46,10 @@ def measure_raw(repeats: int, warm_calls: int) -> dict[str, float]:
             ray.kill(actor)
 
     actors = [RawActor.remote() for _ in range(NUM_WORKERS)]
-    warm = _per_call(lambda: ray.get([actor.call.remote() for actor in actors]), warm_calls)
+    warm = median_per_call(lambda: ray.get([actor.call.remote() for actor in actors]), warm_calls)
     for actor in actors:
         ray.kill(actor)
-    return {"lifecycle_s": _median(lifecycle, repeats), "warm_s": warm}
+    return {"lifecycle_s": median_seconds(lifecycle, repeats), "warm_s": warm}
 
 
 def measure_elastrain(repeats: int, warm_calls: int) -> dict[str, float]:
@@ -72,9 +72,9 @@ def measure_elastrain(repeats: int, warm_calls: int) -> dict[str, float]:
     latencies: list[float] = []
     with make() as executor:
         executor.start()
-        warm = _per_call(lambda: executor.run(trivial), warm_calls)
+        warm = median_per_call(lambda: executor.run(trivial), warm_calls)
         executor.run(sender, args=[50], callbacks=[lambda m: latencies.append(time.time() - m["sent"])])
-    lifecycle_s = _median(lifecycle, repeats)
+    lifecycle_s = median_seconds(lifecycle, repeats)
     return {"lifecycle_s": lifecycle_s, "warm_s": warm, "message_s": statistics.median(latencies)}
 
 
@@ -93,9 +93,9 @@ def measure_horovod(repeats: int, warm_calls: int) -> dict[str, float]:
 
     executor = make()
     executor.start()
-    warm = _per_call(lambda: executor.run(trivial), warm_calls)
+    warm = median_per_call(lambda: executor.run(trivial), warm_calls)
     executor.shutdown()
-    return {"lifecycle_s": _median(lifecycle, repeats), "warm_s": warm}
+    return {"lifecycle_s": median_seconds(lifecycle, repeats), "warm_s": warm}
 
 
 def measure_ray_train(repeats: int, warm_calls: int) -> dict[str, float]:
@@ -123,7 +123,7 @@ def measure_ray_train(repeats: int, warm_calls: int) -> dict[str, float]:
         )
         trainer.fit()
 
-    lifecycle_s = _median(lambda: fit(0), repeats)
+    lifecycle_s = median_seconds(lambda: fit(0), repeats)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report_s")
         fit(5, out)
@@ -138,25 +138,6 @@ CONTENDERS: dict[str, Callable[[int, int], dict[str, float]]] = {
     "horovod": measure_horovod,
     "ray_train": measure_ray_train,
 }
-
-
-def _median(fn: Callable[[], object], repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def _per_call(fn: Callable[[], object], calls: int) -> float:
-    fn()  # warm up
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def run_contender(name: str, repeats: int, warm_calls: int) -> None:

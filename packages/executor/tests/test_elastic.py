@@ -199,3 +199,14 @@ def test_reset_limit_stops_the_job() -> None:
         executor.start()
         with pytest.raises(elastic.ElasticJobError, match=r"reset 2, beyond reset_limit=1"):
             executor.run(train_until, args=[10_000, 3], callbacks=[script])
+
+
+def test_below_min_workers_for_too_long_fails_mid_run() -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    script = Script(discovery, [(size_seen(2), "host-1:1")])
+    with elastic_executor(discovery, min_workers=2, elastic_timeout=3.0) as executor:
+        executor.start()
+        start = time.monotonic()
+        with pytest.raises(elastic.ElasticJobError, match=r"fewer than min_workers=2 workers for more than"):
+            executor.run(train_until, args=[10_000, 3], callbacks=[script])
+        assert time.monotonic() - start < 60

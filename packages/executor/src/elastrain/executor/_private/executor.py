@@ -15,7 +15,7 @@ from elastrain.executor._private.elastic.session import ElasticSession
 if TYPE_CHECKING:
     from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
 from elastrain.executor._private.errors import ExecutorNotStartedError
-from elastrain.executor._private.messages import Callback, MessagePump, MessageSink
+from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.options import ExecutorOptions, check_options
 from elastrain.executor._private.placement import (
     NodeInfo,
@@ -317,18 +317,12 @@ class RayExecutor:
         self, calls: WorkerCalls, submit: Callable[[Any, int], Any], callbacks: Sequence[Callback] | None
     ) -> list[Any]:
         callbacks = _check_callbacks(callbacks)
-        pump = None
         call_id = 0
         if callbacks:
             self._calls_with_callbacks += 1
             call_id = self._calls_with_callbacks
-            pump = MessagePump(self._sink, callbacks, call_id).start()
-        try:
-            results = calls.gather([submit(actor, call_id) for actor in calls.actors])
-        finally:
-            if pump is not None:
-                pump.stop(_CALLBACK_DRAIN_S)
-        return results
+        with delivering(self._sink, callbacks, call_id, _CALLBACK_DRAIN_S):
+            return calls.gather([submit(actor, call_id) for actor in calls.actors])
 
     def _not_in_elastic_mode(self, method: str) -> None:
         if self.options.elastic:

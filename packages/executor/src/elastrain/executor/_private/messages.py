@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 logger = logging.getLogger("elastrain.executor")
@@ -108,3 +109,14 @@ class MessagePump:
                 seq += 1
             self._next_seq[sender] = seq
         return ready
+
+
+@contextlib.contextmanager
+def delivering(sink: Any, callbacks: Sequence[Callback], call_id: int, drain_s: float) -> Iterator[None]:
+    """Deliver a call's messages to ``callbacks`` while the block runs (nothing to do without callbacks)."""
+    pump = MessagePump(sink, callbacks, call_id).start() if callbacks else None
+    try:
+        yield
+    finally:
+        if pump is not None:
+            pump.stop(drain_s)

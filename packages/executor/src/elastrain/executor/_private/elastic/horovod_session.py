@@ -13,7 +13,7 @@ from typing import Any
 
 from elastrain.executor._private.context import _WorkerState
 from elastrain.executor._private.elastic.session import discovery_for
-from elastrain.executor._private.messages import Callback, MessagePump, MessageSink
+from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import control_actor_options
 from elastrain.executor._private.settings import ExecutorSettings
@@ -103,12 +103,8 @@ class HorovodElasticSession:
     ) -> list[Any]:
         self.calls += 1
         call_id = self.calls if callbacks else 0
-        pump = MessagePump(self.sink, callbacks, call_id).start() if callbacks else None
-        try:
+        with delivering(self.sink, callbacks, call_id, _CALLBACK_DRAIN_S):
             return list(self.executor.run(_with_messages(fn, tuple(args), dict(kwargs), self.sink, call_id)))
-        finally:
-            if pump is not None:
-                pump.stop(_CALLBACK_DRAIN_S)
 
     def shutdown(self) -> None:
         import ray

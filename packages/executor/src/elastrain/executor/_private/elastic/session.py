@@ -9,7 +9,7 @@ from elastrain.discovery import HostDiscovery, HostManager, RayHostDiscovery
 from elastrain.executor._private.elastic.coordinator import Coordinator
 from elastrain.executor._private.elastic.driver import ElasticDriver, ElasticStats
 from elastrain.executor._private.elastic.runtime import ElasticOptions
-from elastrain.executor._private.messages import Callback, MessagePump, MessageSink
+from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import control_actor_options
 from elastrain.executor._private.settings import ExecutorSettings
@@ -77,19 +77,18 @@ class ElasticSession:
             startup_grace_s=self.settings.timeout_s,
         )
         self.driver = driver
-        pump = MessagePump(self.sink, callbacks, call_id).start() if callbacks else None
-        try:
-            from ray import cloudpickle
+        from ray import cloudpickle
 
-            return driver.run(ray.put(cloudpickle.dumps((fn, tuple(args), dict(kwargs)))), call_id)
-        finally:
-            self.driver = None
-            self.last_stats = driver.stats
-            # A fresh rendezvous actor per call, whatever happens: worlds of one call never leak into the next.
-            ray.kill(self.coordinator, no_restart=True)
-            self.coordinator = ray.remote(Coordinator).options(**control_actor_options()).remote()
-            if pump is not None:
-                pump.stop(_CALLBACK_DRAIN_S)
+        payload = ray.put(cloudpickle.dumps((fn, tuple(args), dict(kwargs))))
+        with delivering(self.sink, callbacks, call_id, _CALLBACK_DRAIN_S):
+            try:
+                return driver.run(payload, call_id)
+            finally:
+                self.driver = None
+                self.last_stats = driver.stats
+                # A fresh rendezvous actor per call, whatever happens: worlds of one call never leak into the next.
+                ray.kill(self.coordinator, no_restart=True)
+                self.coordinator = ray.remote(Coordinator).options(**control_actor_options()).remote()
 
     def shutdown(self) -> None:
         import ray
