@@ -257,7 +257,7 @@ def horovod_train(steps: int, crash_marker: str, log: str) -> int:
     import torch
 
     hvd.init()
-    state = hvd.elastic.ObjectState(step=0)
+    state = hvd.elastic.TorchState(step=0)  # horovod.torch.elastic has no ObjectState
 
     @hvd.elastic.run
     def train(state: Any) -> int:
@@ -276,7 +276,7 @@ def horovod_train(steps: int, crash_marker: str, log: str) -> int:
     return int(train(state))
 
 
-def horovod_crash() -> dict[str, float]:
+def horovod_crash() -> dict[str, Any]:
     import ray
     from horovod.ray import RayExecutor as HorovodRayExecutor
 
@@ -286,11 +286,15 @@ def horovod_crash() -> dict[str, float]:
         settings = HorovodRayExecutor.create_settings(timeout_s=60, nics={"lo"})
         executor = HorovodRayExecutor(settings, min_workers=1, max_workers=2, cpus_per_worker=1)
         executor.start()
-        executor.run(lambda: horovod_train(CRASH_STEP + 60, marker, log))
-        executor.shutdown()
+        try:
+            executor.run(lambda: horovod_train(CRASH_STEP + 60, marker, log))
+        except RuntimeError as error:  # Horovod ends the job when a worker process exits
+            return {"failed": str(error).strip().splitlines()[0][:300]}
+        finally:
+            executor.shutdown()
+            ray.shutdown()
         crashed_at = float(Path(marker).read_text())
         times = [float(line) for line in Path(log).read_text().split()]
-    ray.shutdown()
     return {"recovery_s": min(t for t in times if t > crashed_at) - crashed_at}
 
 
@@ -305,7 +309,7 @@ SCENARIOS = {
 }
 
 
-def measure_in_child(name: str) -> dict[str, float] | None:
+def measure_in_child(name: str) -> dict[str, Any] | None:
     command = [sys.executable, __file__, "--scenario", name]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
@@ -339,7 +343,7 @@ def main() -> None:
                 "Ray Train FailureConfig restart", train_crash["recovery_s"], None)
         )  # fmt: skip
     horovod = results.get("horovod_crash")
-    if crash and horovod:
+    if crash and horovod and "recovery_s" in horovod:
         rows.append(
             Row("worker crash, 2 workers", "crash → next step", crash["recovery_s"], "Horovod elastic",
                 horovod["recovery_s"], None)
@@ -356,6 +360,7 @@ def main() -> None:
         "failed_scenarios": [name for name, value in results.items() if value is None],
         "monitor_interval_s": MONITOR_INTERVAL_S,
         "horovod": "measured" if have_horovod else "not installed (run `nox -s tests_horovod` first)",
+        "horovod_crash": (horovod or {}).get("failed", "recovered" if horovod else "not run"),
     }
     write_results("executor_elastic", rows, args.output, notes=notes)
 
