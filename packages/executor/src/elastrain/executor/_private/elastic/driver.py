@@ -347,10 +347,6 @@ class ElasticDriver:
         """The running workers' actor handles by worker id (for tools and fault-injection tests)."""
         return {w.worker_id: w.actor for w in self._workers.values() if w.run_ref is not None and not w.stopping}
 
-    @property
-    def world(self) -> World | None:
-        return self._world
-
     def _rank_of(self, worker: _Worker) -> int:
         member = self._world.member(worker.worker_id) if self._world else None
         return member.slot.rank if member else -1
