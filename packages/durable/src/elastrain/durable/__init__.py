@@ -1,8 +1,47 @@
 """Durable training checkpoints on fsspec URIs: async save and restore, atomic commit, garbage collection.
 
-Not built yet: this distribution is a placeholder that later work fills (see the README).
+```python
+from elastrain.durable import CheckpointStore
+
+store = CheckpointStore("s3://bucket/run-1", num_to_keep=3, score_attribute="loss", score_order="min")
+future = store.save_async("/tmp/ckpt", metrics={"loss": 0.1}, step=100)  # returns once staged
+...
+store.restore(local_dir="/tmp/restored")  # the latest committed checkpoint, verified
+store.close()
+```
 """
 
+from elastrain.durable._private.checkpoint import Checkpoint, FileEntry
+from elastrain.durable._private.command_client import CommandSyncClient
+from elastrain.durable._private.elastic import StatePersistence
+from elastrain.durable._private.errors import (
+    CheckpointCorruptedError,
+    CheckpointNotFoundError,
+    CommandFailedError,
+    DurableError,
+    StorageError,
+    StorageTimeoutError,
+)
+from elastrain.durable._private.fsspec_client import FsspecSyncClient
+from elastrain.durable._private.futures import CheckpointFuture
+from elastrain.durable._private.store import CheckpointStore
+from elastrain.durable._private.sync_client import SyncClient
 from elastrain.durable._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "CheckpointStore",
+    "Checkpoint",
+    "CheckpointFuture",
+    "FileEntry",
+    "SyncClient",
+    "FsspecSyncClient",
+    "CommandSyncClient",
+    "StatePersistence",
+    "DurableError",
+    "CheckpointNotFoundError",
+    "CheckpointCorruptedError",
+    "StorageError",
+    "StorageTimeoutError",
+    "CommandFailedError",
+    "__version__",
+]

@@ -22,7 +22,11 @@ class ExecutorSettings:
 
     Elastic jobs: ``discovery`` is the ``HostDiscovery`` used with ``override_discovery=False`` (settable
     afterwards, as with Horovod's ``settings.discovery = ...``), polled every ``discovery_interval_s``;
-    ``collective_timeout_s`` bounds a collective that waits on a silent peer.
+    ``collective_timeout_s`` bounds a collective that waits on a silent peer. ``spare_worker``: with Ray's own
+    discovery and ``max_workers`` set, while the job is below ``max_workers`` and every known slot is taken, keep
+    one worker request pending for Ray to place on the next node with room (a node that joins then gets a
+    worker before discovery's next poll; like Ray Train's elastic mode, the pending request also tells an
+    autoscaler that the job could use one more worker).
 
     ``ssh_identity_file`` and ``ssh_str`` exist for compatibility with Horovod's settings and are unused: Ray
     starts the workers, not ssh.
@@ -37,6 +41,7 @@ class ExecutorSettings:
     discovery: Any = None
     discovery_interval_s: float = 1.0
     collective_timeout_s: float = 60.0
+    spare_worker: bool = True
 
 
 def create_settings(
@@ -49,6 +54,7 @@ def create_settings(
     discovery: Any = None,
     discovery_interval_s: float = 1.0,
     collective_timeout_s: float = 60.0,
+    spare_worker: bool = True,
     **unknown: object,
 ) -> ExecutorSettings:
     if unknown:
@@ -57,6 +63,8 @@ def create_settings(
     check_positive("placement_group_timeout_s", placement_group_timeout_s)
     check_positive("discovery_interval_s", discovery_interval_s)
     check_positive("collective_timeout_s", collective_timeout_s)
+    if not isinstance(spare_worker, bool):
+        raise ValueError(f"spare_worker must be True or False, got {spare_worker!r}.")
     if isinstance(nics, str):
         raise ValueError(f"nics must be a set of interface names such as {{{nics!r}}}, not a string.")
     nic_set = None if nics is None else frozenset(nics)
@@ -72,6 +80,7 @@ def create_settings(
         discovery=discovery,
         discovery_interval_s=discovery_interval_s,
         collective_timeout_s=collective_timeout_s,
+        spare_worker=spare_worker,
     )
 
 

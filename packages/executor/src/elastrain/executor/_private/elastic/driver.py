@@ -30,6 +30,8 @@ _POLL_S = 0.05
 _STARTUP_FAILURES_BEFORE_BLACKLIST = 3
 # How often the driver reads the failures workers report.
 _FAILURE_POLL_S = 0.25
+# After a spare worker landed where it could not be used, no new spare for this long.
+_SPARE_COOLDOWN_S = 30.0
 
 
 class ElasticJobError(ExecutorError):
@@ -47,6 +49,7 @@ class _Worker:
     joined: bool = False  # has been a member of a published world (so it holds committed state)
     spawned_at: float = field(default_factory=time.monotonic)
     stopping: bool = False  # the driver is stopping it on purpose (host removed, job ending)
+    spare: bool = False  # started without a host, for Ray to place the moment resources appear
 
 
 @dataclass
@@ -60,6 +63,7 @@ class _Finish:
 class ElasticStats:
     resets: int = 0
     worlds: list[int] = field(default_factory=list)  # world size of each published world
+    spares_used: int = 0  # spare workers that joined on a host Ray placed them on
 
 
 class ElasticDriver:
@@ -75,6 +79,7 @@ class ElasticDriver:
         worker_class: Any,
         elastic_options: ElasticOptions,
         startup_grace_s: float = 30.0,
+        spare_worker: bool = False,
     ) -> None:
         self.options = options
         self.startup_grace_s = startup_grace_s
@@ -93,6 +98,8 @@ class ElasticDriver:
         self._host_events: queue.SimpleQueue[list[HostEvent]] = queue.SimpleQueue()
         self._startup_failures: dict[str, int] = {}
         self._below_min_since: float | None = None
+        self.spare_worker = spare_worker
+        self._no_spare_until = 0.0
 
     # -- the call --------------------------------------------------------------------------------------------
 
@@ -160,7 +167,7 @@ class ElasticDriver:
         """Start workers on free slots, up to max_workers."""
         hosts = self.manager.current_hosts
         limit = self.options.max_workers or sum(h.slots for h in hosts.values())
-        active = [w for w in self._workers.values() if not w.stopping]
+        active = [w for w in self._workers.values() if not w.stopping and not w.spare]
         per_host: dict[str, int] = {}
         for worker in active:
             per_host[worker.host_id] = per_host.get(worker.host_id, 0) + 1
@@ -170,6 +177,51 @@ class ElasticDriver:
                 self._spawn(host_id)
                 per_host[host_id] = per_host.get(host_id, 0) + 1
                 count += 1
+        self._keep_a_spare(count)
+
+    def _keep_a_spare(self, count: int) -> None:
+        """Below max_workers with every known slot taken, keep one worker waiting without a host.
+
+        Ray places it the moment a node with room registers, before discovery's next poll; it starts (and
+        imports torch) while discovery catches up, and joins once its node is a usable host.
+        """
+        limit = self.options.max_workers
+        if not self.spare_worker or limit is None or count >= limit or time.monotonic() < self._no_spare_until:
+            return
+        if any(w.spare and not w.stopping for w in self._workers.values()):
+            return
+        worker_id = f"w{next(self._ids)}"
+        actor = self.worker_class.options(
+            num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0
+        ).remote()
+        self._workers[worker_id] = _Worker(worker_id, "", actor, actor.prepare.remote(), spare=True)
+        logger.debug("Keeping spare worker %s for a node that may join.", worker_id)
+
+    def _adopt_spare(self, ray: Any, worker: _Worker, host_id: str) -> bool:
+        """Give a spare that Ray placed on node ``host_id`` that host, if it is usable and has a free slot."""
+        if host_id not in self.manager.current_hosts:
+            self.manager.refresh()  # Ray saw the node before discovery's next poll
+        host = self.manager.current_hosts.get(host_id)
+        others = [w for w in self._workers.values() if not w.stopping and not w.spare]
+        started_there = sum(1 for w in others if w.host_id == host_id and w.node is not None)
+        started = sum(1 for w in others if w.node is not None)
+        if (
+            host is None
+            or host_id in self.manager.blacklisted_hosts()
+            or started_there >= host.slots
+            or started >= (self.options.max_workers or 0)
+        ):
+            logger.info("Spare worker %s landed on %s, which it cannot use; stopping it.", worker.worker_id, host_id)
+            worker.stopping = True
+            ray.kill(worker.actor, no_restart=True)
+            self._forget(worker)
+            self._no_spare_until = time.monotonic() + _SPARE_COOLDOWN_S
+            return False
+        worker.spare, worker.host_id = False, host_id
+        self.stats.spares_used += 1
+        logger.info("Spare worker %s joins from new host %s.", worker.worker_id, host_id)
+        self._drop_redundant_starts(ray, host_id, host.slots)
+        return True
 
     def _spawn(self, host_id: str) -> None:
         worker_id = f"w{next(self._ids)}"
@@ -182,6 +234,18 @@ class ElasticDriver:
         self._workers[worker_id] = _Worker(worker_id, host_id, actor, actor.prepare.remote())
         logger.info("Starting worker %s on host %s.", worker_id, host_id)
 
+    def _drop_redundant_starts(self, ray: Any, host_id: str, slots: int) -> None:
+        """Workers still starting that an adopted spare made redundant: on its host, or beyond max_workers."""
+        active = [w for w in self._workers.values() if not w.stopping and not w.spare]
+        on_host = sum(1 for w in active if w.host_id == host_id)
+        total, limit = len(active), self.options.max_workers or len(active)
+        for worker in reversed(active):
+            if worker.node is None and ((worker.host_id == host_id and on_host > slots) or total > limit):
+                worker.stopping = True
+                ray.kill(worker.actor, no_restart=True)
+                total -= 1
+                on_host -= worker.host_id == host_id
+
     def _on_prepared(self, ray: Any, worker: _Worker, payload: Any, call_id: int) -> bool:
         try:
             worker.node = ray.get(worker.prepare_ref)
@@ -193,6 +257,8 @@ class ElasticDriver:
             return False
         if worker.stopping:
             self._forget(worker)
+            return False
+        if worker.spare and not self._adopt_spare(ray, worker, worker.node.node_id):
             return False
         worker.run_ref = worker.actor.run_elastic.remote(
             payload, call_id, worker.worker_id, self.coordinator, self.elastic_options, self.sink
@@ -221,8 +287,11 @@ class ElasticDriver:
         return _Finish(generation, rank, value)
 
     def _on_died(self, worker: _Worker, reason: str) -> None:
-        logger.warning("Worker %s on host %s died: %s", worker.worker_id, worker.host_id, reason)
         self._forget(worker)
+        if worker.spare:
+            logger.info("Spare worker %s went away: %s", worker.worker_id, reason)
+            return
+        logger.warning("Worker %s on host %s died: %s", worker.worker_id, worker.host_id, reason)
         if worker.node is not None and not _node_alive(worker.node.node_id):
             self.manager.blacklist(worker.host_id)
             return
@@ -259,7 +328,7 @@ class ElasticDriver:
         return bool(extra)
 
     def _check_minimum(self) -> None:
-        alive = sum(1 for w in self._workers.values() if not w.stopping)
+        alive = sum(1 for w in self._workers.values() if not w.stopping and not w.spare)
         if alive >= self.options.num_workers:
             self._below_min_since = None
             return
@@ -324,7 +393,12 @@ class ElasticDriver:
 
         now = time.monotonic()
         for worker in list(self._workers.values()):
-            if worker.node is None and not worker.stopping and now - worker.spawned_at > self.startup_grace_s:
+            if (
+                worker.node is None
+                and not worker.stopping
+                and not worker.spare  # a spare waits for resources as long as it takes
+                and now - worker.spawned_at > self.startup_grace_s
+            ):
                 worker.stopping = True
                 ray.kill(worker.actor, no_restart=True)
                 self._on_died(worker, f"did not start within {self.startup_grace_s} s")
@@ -339,7 +413,7 @@ class ElasticDriver:
         """Some worker is still starting, and not for longer than the start-up grace."""
         now = time.monotonic()
         return any(
-            w.node is None and not w.stopping and now - w.spawned_at < self.startup_grace_s
+            w.node is None and not w.stopping and not w.spare and now - w.spawned_at < self.startup_grace_s
             for w in self._workers.values()
         )
 

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from elastrain.executor._private.elastic.state import State
 
 T = TypeVar("T")
+logger = logging.getLogger("elastrain.executor")
 
 # Phrases torch.distributed uses when a peer crashed, hung up or timed out; a RuntimeError without one of them
 # is the user's own error and fails the job instead of triggering recovery.
@@ -270,7 +272,9 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 state.sync()
                 if reset:
                     state.on_reset()
-                return func(state, *args, **kwargs)
+                value = func(state, *args, **kwargs)
+                _flush_persistence(state)
+                return value
             except HostsUpdatedInterrupt:
                 pass  # the state was committed just before the interrupt
             except Exception as error:
@@ -282,6 +286,17 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
             rejoin = reset = True
 
     return wrapper
+
+
+def _flush_persistence(state: State) -> None:
+    """Rank 0 waits for the persisted state's upload in flight; a failure there no longer fails the job."""
+    persistence = getattr(state, "_persistence", None)
+    if persistence is None or rank() != 0:
+        return
+    try:
+        persistence.flush()
+    except Exception as error:
+        logger.warning("Persisting the final state failed: %s", _first_line(error))
 
 
 def _collective_device() -> str:

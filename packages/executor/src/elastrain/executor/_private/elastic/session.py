@@ -75,6 +75,7 @@ class ElasticSession:
                 backend=None,
             ),
             startup_grace_s=self.settings.timeout_s,
+            spare_worker=self.settings.spare_worker and self.options.override_discovery,
         )
         self.driver = driver
         from ray import cloudpickle

@@ -19,7 +19,22 @@ class State:
 
     def __init__(self) -> None:
         self._reset_callbacks: list[Callable[[], None]] = []
+        self._persistence: Any = None
         self.commits = 0
+
+    def persist_with(self, persistence: Any) -> None:
+        """Also keep committed state outside the job, e.g. ``elastrain.durable.StatePersistence(uri, every=10)``.
+
+        Rank 0 hands it the state after every commit (``persistence.committed(state)``); when no worker has
+        committed state yet (a fresh job, or every worker holding it was lost), the workers load the latest
+        persisted state instead of starting over (``persistence.latest()`` names it, ``persistence.load(name)``
+        returns ``(snapshot, commits)``); when the training function returns, ``persistence.flush()`` waits for
+        the upload in flight.
+        """
+        for method in ("committed", "latest", "load", "flush"):
+            if not callable(getattr(persistence, method, None)):
+                raise TypeError(f"persist_with needs an object with a {method}() method, got {persistence!r}.")
+        self._persistence = persistence
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
         """Functions to call after each reset (e.g. to rescale the learning rate to the new world size)."""
@@ -33,7 +48,30 @@ class State:
         """Keep a copy of the state to roll back to, then leave for a larger world if one is waiting."""
         self.save()
         self.commits += 1
+        if self._persistence is not None and runtime.rank() == 0:
+            self._persistence.committed(self)
         self.check_host_updates()
+
+    def snapshot(self) -> Any:
+        """The committed copy, as one picklable object (what persistence stores)."""
+        raise NotImplementedError
+
+    def load_snapshot(self, snapshot: Any, commits: int) -> None:
+        """Make ``snapshot`` the committed copy and roll back to it."""
+        raise NotImplementedError
+
+    def _sync_source(self) -> int | None:
+        """The rank to sync from, or None when every worker just loaded the persisted state instead."""
+        source, self.commits = runtime.choose_sync_source(self.commits)
+        if self.commits > 0 or self._persistence is None:
+            return source
+        # No worker has committed state: load the latest persisted state, the same one everywhere.
+        name = runtime.broadcast_object(self._persistence.latest() if runtime.rank() == source else None, source)
+        if name is None:
+            return source
+        snapshot, commits = self._persistence.load(name)
+        self.load_snapshot(snapshot, commits)
+        return None
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every worker at once when the driver prepared a new world."""
@@ -71,8 +109,17 @@ class ObjectState(State):
             setattr(self, name, value)
 
     def sync(self) -> None:
-        source, self.commits = runtime.choose_sync_source(self.commits)
+        source = self._sync_source()
+        if source is None:
+            return
         self._saved = runtime.broadcast_object(self._saved if runtime.rank() == source else None, source)
+        self.restore()
+
+    def snapshot(self) -> Any:
+        return self._saved  # replaced, never changed, by each save: safe to hand over
+
+    def load_snapshot(self, snapshot: Any, commits: int) -> None:
+        self._saved, self.commits = snapshot, commits
         self.restore()
 
 
@@ -105,9 +152,18 @@ class TorchState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        source, self.commits = runtime.choose_sync_source(self.commits)
-        payload = (self._saved_model, self._saved_optimizer, self._saved) if runtime.rank() == source else None
+        source = self._sync_source()
+        if source is None:
+            return
+        payload = self.snapshot() if runtime.rank() == source else None
         self._saved_model, self._saved_optimizer, self._saved = runtime.broadcast_object(payload, source)
+        self.restore()
+
+    def snapshot(self) -> Any:
+        return (self._saved_model, self._saved_optimizer, self._saved)
+
+    def load_snapshot(self, snapshot: Any, commits: int) -> None:
+        (self._saved_model, self._saved_optimizer, self._saved), self.commits = snapshot, commits
         self.restore()
 
 

@@ -1,0 +1,130 @@
+"""Durable checkpoints: how long training waits, and how fast checkpoints move, against raw s3fs and pyarrow.
+
+Same run, same bytes: a 256 MiB checkpoint of four files, saved to a SeaweedFS S3 server on 127.0.0.1.
+- training-blocked time per checkpoint: ``save_async`` (returns once staged) vs ``save`` (returns once committed);
+- upload: ``CheckpointStore.save`` vs a raw ``s3fs`` ``put`` of the same folder (throughput ≥ 0.9× means time
+  ≤ 1.11×), and vs Ray Train's persistence path (``pyarrow.fs.copy_files`` to S3), reported;
+- restore: ``CheckpointStore.restore`` (download + SHA-256 check) vs a raw ``s3fs`` ``get``.
+Rounds are interleaved; rows show medians.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchlib import Row, parse_args, write_results
+from elastrain.durable import CheckpointStore
+from elastrain_testutils.storage_servers import ACCESS_KEY, SECRET_KEY, SeaweedS3
+
+FILE_MIB = (128, 64, 48, 16)  # 256 MiB in all
+
+
+def make_checkpoint(folder: Path) -> int:
+    folder.mkdir(parents=True)
+    for index, mib in enumerate(FILE_MIB):
+        with open(folder / f"part-{index}.bin", "wb") as out:
+            for _ in range(mib):
+                out.write(os.urandom(1 << 20))
+    return sum(FILE_MIB) << 20
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_round(
+    round_: int,
+    store: CheckpointStore,
+    source: Path,
+    raw: Any,
+    arrow: Any,
+    scratch: Path,
+    record: Callable[[str, float], None],
+) -> None:
+    import pyarrow.fs
+
+    # Training-blocked time: the previous upload has finished, as it would between checkpoints.
+    store.wait()
+    started = time.perf_counter()
+    future = store.save_async(source, step=round_)
+    record("save_async blocked", time.perf_counter() - started)
+    record("save_async commit", timed(future.result))
+    record("save", timed(lambda: store.save(source)))
+    store.wait()
+    target = f"bench/raw-{round_}"
+    record("s3fs put", timed(lambda: raw.put(str(source), target, recursive=True)))
+    raw.rm(target, recursive=True)
+    arrow_target = f"bench/arrow-{round_}"
+    record(
+        "pyarrow copy_files",
+        timed(lambda: pyarrow.fs.copy_files(str(source), arrow_target, destination_filesystem=arrow)),
+    )
+    raw.rm(arrow_target, recursive=True)
+    restored = scratch / f"restored-{round_}"
+    record("restore", timed(lambda: store.restore(local_dir=restored)))
+    shutil.rmtree(restored)
+    latest = store.latest()
+    assert latest is not None
+    fetched = scratch / f"fetched-{round_}"
+    record("s3fs get", timed(lambda: raw.get(f"bench/store/{latest.name}/", str(fetched), recursive=True)))
+    shutil.rmtree(fetched)
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "")
+    rounds = 2 if args.quick else 5
+    samples: dict[str, list[float]] = {}
+
+    def record(name: str, seconds: float) -> None:
+        samples.setdefault(name, []).append(seconds)
+
+    with tempfile.TemporaryDirectory(prefix="elastrain-bench-") as scratch, SeaweedS3() as server:
+        source = Path(scratch, "checkpoint")
+        total = make_checkpoint(source)
+        server.create_bucket("bench")
+        options = server.storage_options(read_timeout=60)
+        import pyarrow.fs
+        import s3fs
+
+        raw = s3fs.S3FileSystem(**options, skip_instance_cache=True)
+        arrow = pyarrow.fs.S3FileSystem(
+            access_key=ACCESS_KEY, secret_key=SECRET_KEY, endpoint_override=server.endpoint_url, scheme="http"
+        )
+        store = CheckpointStore("s3://bench/store", storage_options=options, num_to_keep=1)
+        store.save(source)  # warm: connections, bucket, listing
+        for round_ in range(rounds):
+            measure_round(round_, store, source, raw, arrow, Path(scratch), record)
+        store.close()
+
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    case = f"{total >> 20} MiB, {len(FILE_MIB)} files, SeaweedFS S3"
+    rows = [
+        Row(case, "training blocked: save_async (staged copy)", median["save_async blocked"], "save (blocks to commit)",
+            median["save"], 0.1),
+        Row(case, "upload: save (time; ≤ 1.11× = throughput ≥ 0.9×)", median["save"], "raw s3fs put",
+            median["s3fs put"], 1 / 0.9),
+        Row(case, "upload: save", median["save"], "Ray Train path (pyarrow.fs.copy_files)",
+            median["pyarrow copy_files"], None),
+        Row(case, "restore (download + SHA-256 check)", median["restore"], "raw s3fs get", median["s3fs get"], None),
+    ]  # fmt: skip
+    notes = {
+        "rounds": rounds,
+        "throughput_MBps": {
+            name: round(total / 1e6 / value, 1) for name, value in median.items() if "blocked" not in name
+        },
+        "samples_s": {name: [round(v, 3) for v in values] for name, values in samples.items()},
+    }
+    write_results("durable", rows, args.output, notes=notes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Errors of elastrain-durable: each says what failed and what to change."""
+
+from __future__ import annotations
+
+
+class DurableError(Exception):
+    """Base class of the errors this package raises."""
+
+
+class CheckpointNotFoundError(DurableError, LookupError):
+    """No committed checkpoint matches (the store is empty, or the name is unknown or was collected)."""
+
+
+class CheckpointCorruptedError(DurableError):
+    """A checkpoint's files do not match its manifest (missing, wrong size or wrong checksum)."""
+
+
+class StorageError(DurableError):
+    """A transfer or delete failed after its retries."""
+
+
+class StorageTimeoutError(StorageError, TimeoutError):
+    """A transfer or delete did not finish within its overall deadline."""
+
+
+class CommandFailedError(StorageError):
+    """A ``CommandSyncClient`` command exited with a non-zero status."""

@@ -1,0 +1,101 @@
+"""Which checkpoints restores are reading, so that garbage collection leaves them alone.
+
+Within a process a counter says it; across processes and machines a restore leaves a lease on the storage,
+``_readers/<checkpoint>.<lease id>.json`` holding when it expires, and removes it when done. A reader that dies
+leaves a lease that expires by itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Generator
+from typing import Any
+
+from elastrain.durable._private.location import Location
+from elastrain.durable._private.sync_client import SyncClient
+
+logger = logging.getLogger("elastrain.durable")
+READERS_DIR = "_readers"
+
+_in_process: collections.Counter[tuple[str, str]] = collections.Counter()
+_in_process_lock = threading.Lock()
+
+
+class Readers:
+    """Marks and finds checkpoints being read under one store root."""
+
+    def __init__(
+        self, location: Location, client: SyncClient, retry: Callable[..., Any], secrets: Callable[[str], str]
+    ):
+        self.location = location
+        self.client = client
+        self.retry = retry
+        self.redact = secrets
+
+    @contextlib.contextmanager
+    def reading(self, name: str, lease_s: float) -> Generator[None, None, None]:
+        key = (self.location.root, name)
+        with _in_process_lock:
+            _in_process[key] += 1
+        lease = self.location.join(READERS_DIR, f"{name}.{uuid.uuid4().hex}.json")
+        leased = self._write_lease(lease, lease_s)
+        try:
+            yield
+        finally:
+            if leased:
+                self._remove(lease)
+            with _in_process_lock:
+                _in_process[key] -= 1
+                if _in_process[key] <= 0:
+                    del _in_process[key]
+
+    def busy(self) -> set[str]:
+        """Names being read here or holding an unexpired lease; expired leases are removed on the way."""
+        with _in_process_lock:
+            names = {name for root, name in _in_process if root == self.location.root}
+        now = time.time()
+        for lease in self._names(self.location.join(READERS_DIR)):
+            name, _, rest = lease.partition(".")
+            uri = self.location.join(READERS_DIR, lease)
+            expires_at = self._expiry(uri)
+            if expires_at is None:
+                continue  # its reader just finished
+            if expires_at > now and rest.endswith(".json"):
+                names.add(name)
+            else:
+                self._remove(uri)  # expired: its reader died
+        return names
+
+    def _write_lease(self, uri: str, lease_s: float) -> bool:
+        document = json.dumps({"expires_at": time.time() + lease_s}).encode()
+        try:
+            self.retry(lambda left: self.client.write_bytes(uri, document, timeout_s=left), "writing a reader lease")
+        except Exception as error:  # the restore itself matters more than its protection
+            logger.warning("Restoring without a reader lease (%s).", self.redact(str(error)))
+            return False
+        return True
+
+    def _expiry(self, uri: str) -> float | None:
+        try:
+            data = self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), "reading a reader lease")
+            return float(json.loads(data)["expires_at"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return 0.0  # unreadable: treat as expired
+
+    def _names(self, uri: str) -> list[str]:
+        names: list[str] = self.retry(lambda left: self.client.list_names(uri, timeout_s=left), "listing reader leases")
+        return names
+
+    def _remove(self, uri: str) -> None:
+        try:
+            self.retry(lambda left: self.client.delete(uri, timeout_s=left), "removing a reader lease")
+        except Exception as error:  # an expired lease left behind is removed by the next collection
+            logger.warning("Could not remove reader lease %s (%s).", uri, self.redact(str(error)))

@@ -1,0 +1,492 @@
+"""CheckpointStore: save and restore checkpoints on any fsspec URI, with atomic commits and garbage collection.
+
+Layout under the store's URI::
+
+    checkpoint_000000007_1f2e3d/...            the checkpoint's files, uploaded first
+    _manifests/checkpoint_000000007_1f2e3d/MANIFEST.json   written last: the commit
+
+A checkpoint exists (is listed, can be restored) only once its manifest is there; garbage collection removes the
+manifest first and the files after, so a listed checkpoint always has all its files. Folders without a manifest
+are unfinished uploads, removed by a later collection. One store writes to a URI at a time; any number read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import concurrent.futures
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from elastrain.durable._private import checkpoint as ckpt
+from elastrain.durable._private.checkpoint import Checkpoint
+from elastrain.durable._private.errors import CheckpointCorruptedError, CheckpointNotFoundError
+from elastrain.durable._private.futures import CheckpointFuture
+from elastrain.durable._private.location import import_backend, parse_location, redact, secret_values
+from elastrain.durable._private.readers import Readers
+from elastrain.durable._private.retry import with_retries
+from elastrain.durable._private.staging import STAGING_MODES, StagingMode, describe, stage, verify_folder
+from elastrain.durable._private.sync_client import SyncClient
+
+logger = logging.getLogger("elastrain.durable")
+
+# A restore's lease outlives its deadline by this much (clock differences between machines).
+_LEASE_MARGIN_S = 300.0
+# Reading manifests is a small, quick operation: it gets its own deadline.
+_METADATA_TIMEOUT_S = 120.0
+
+
+class CheckpointStore:
+    """Checkpoints under one URI (a path, ``file://``, ``s3://``, ``gs://``, ``memory://`` or any fsspec URI).
+
+    ``num_to_keep``: at most this many committed checkpoints remain (the latest always; the others the best by
+    ``score_attribute``, or the newest). ``timeout_s`` bounds each upload, download and delete as a whole;
+    ``retries`` bounds the attempts within it. ``staging_dir``: where ``save_async`` keeps its private copy.
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike[str],
+        *,
+        num_to_keep: int | None = None,
+        score_attribute: str | None = None,
+        score_order: str = "max",
+        storage_options: Mapping[str, Any] | None = None,
+        sync_client: SyncClient | None = None,
+        timeout_s: float = 3600.0,
+        retries: int = 3,
+        staging_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _check_options(num_to_keep, score_attribute, score_order, timeout_s, retries)
+        self.location = parse_location(uri)
+        self.num_to_keep = num_to_keep
+        self.score_attribute = score_attribute
+        self.score_order = score_order
+        self.timeout_s = float(timeout_s)
+        self.retries = retries
+        self._secrets = secret_values(storage_options)
+        if sync_client is not None and storage_options:
+            raise ValueError("Pass storage_options or sync_client, not both: the client brings its own settings.")
+        if sync_client is not None and not isinstance(sync_client, SyncClient):
+            raise TypeError(f"sync_client must be a SyncClient, got {type(sync_client).__name__}.")
+        self.client = sync_client if sync_client is not None else _default_client(self.location, storage_options)
+        if self.location.is_local and sync_client is None:
+            _check_writable(self.location.local_path(), "the store's folder")
+        self._staging_parent = None if staging_dir is None else os.fspath(staging_dir)
+        self._staging_root: str | None = None
+        self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="elastrain-durable-upload")
+        self._restores = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="elastrain-durable-restore")
+        self._save_lock = threading.Lock()
+        self._pending: CheckpointFuture | None = None
+        self._manifests: dict[str, Checkpoint] = {}
+        self._readers = Readers(self.location, self.client, self._retry, self._redact)
+        self._next_sequence: int | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.location.display!r}, num_to_keep={self.num_to_keep!r})"
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is None:
+            self.close()
+            return
+        try:  # an error is already on its way: don't hide it behind an upload's
+            self.close()
+        except Exception as error:
+            logger.warning("Closing %r after an error: %s", self, self._redact(str(error)))
+
+    # -- saving ----------------------------------------------------------------------------------------------
+
+    def save(
+        self, local_dir: str | os.PathLike[str], *, metrics: Mapping[str, Any] | None = None, step: int | None = None
+    ) -> Checkpoint:
+        """Save ``local_dir``'s files and return once the checkpoint is committed.
+
+        The caller waits anyway, so the files are uploaded from ``local_dir`` itself, without a staged copy.
+        """
+        return self._save(local_dir, metrics, step, staging=None).result()
+
+    def save_async(
+        self,
+        local_dir: str | os.PathLike[str],
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        staging: StagingMode = "copy",
+    ) -> CheckpointFuture:
+        """Stage ``local_dir`` and upload it in the background; the future gives the committed checkpoint.
+
+        Returns once the files are staged: ``copy`` (default), ``link`` (hard links: don't rewrite the files in
+        place before the upload ends) or ``move`` (the folder is handed over). One upload runs at a time; a call
+        while one runs first waits for it, the only time training waits.
+        """
+        if staging not in STAGING_MODES:
+            raise ValueError(f"staging must be one of {', '.join(STAGING_MODES)}, got {staging!r}.")
+        return self._save(local_dir, metrics, step, staging)
+
+    def _save(
+        self,
+        local_dir: str | os.PathLike[str],
+        metrics: Mapping[str, Any] | None,
+        step: int | None,
+        staging: StagingMode | None,
+    ) -> CheckpointFuture:
+        """Stage (``staging=None``: describe the files where they are) and hand the upload to the upload thread."""
+        source = Path(local_dir)
+        metrics = ckpt.check_metrics(metrics)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TypeError(f"step must be an int or None, got {step!r}.")
+        with self._save_lock:
+            self._check_open()
+            if not source.is_dir():
+                raise NotADirectoryError(f"save needs a folder of checkpoint files; {str(source)!r} is not one.")
+            if self._pending is not None:
+                concurrent.futures.wait([self._pending._future])
+            if staging is None:
+                staged, owned = source, False
+                files = describe(source)
+            else:
+                staged, owned = Path(self._staging()) / uuid.uuid4().hex, True
+                try:
+                    files = stage(source, staged, staging)
+                except BaseException:
+                    shutil.rmtree(staged, ignore_errors=True)
+                    raise
+            # Naming needs a listing of the store: the upload thread does it, so saving never waits on storage.
+            self._pending = CheckpointFuture(
+                self._uploads.submit(self._upload_and_commit, staged, owned, step, metrics, files)
+            )
+            return self._pending
+
+    async def asave(
+        self,
+        local_dir: str | os.PathLike[str],
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        staging: StagingMode = "copy",
+    ) -> CheckpointFuture:
+        """``save_async`` for event loops (async Ray actors): waiting and staging happen off the loop.
+
+        ``future = await store.asave(path)`` returns once staged; ``await future`` waits for the commit.
+        """
+        return await asyncio.to_thread(self.save_async, local_dir, metrics=metrics, step=step, staging=staging)
+
+    def _upload_and_commit(
+        self, staged: Path, owned: bool, step: int | None, metrics: dict[str, Any], files: builtins.list[Any]
+    ) -> Checkpoint:
+        try:
+            sequence = self._allocate_sequence()
+            name = ckpt.new_name(sequence)
+            data_uri = self.location.join(name)
+            self._retry(
+                lambda left: self.client.upload(str(staged), data_uri, timeout_s=left),
+                f"uploading {self.location.display_join(name)}",
+            )
+            created_at = time.time()
+            manifest = ckpt.encode_manifest(
+                name=name, sequence=sequence, step=step, metrics=metrics, created_at=created_at, files=files
+            )
+            self._retry(
+                lambda left: self.client.write_bytes(self._manifest_uri(name), manifest, timeout_s=left),
+                f"committing {self.location.display_join(name)}",
+            )
+        finally:
+            if owned:
+                shutil.rmtree(staged, ignore_errors=True)
+        checkpoint = ckpt.decode_manifest(manifest, self.location.display_join(name))
+        self._manifests[name] = checkpoint
+        logger.info("Committed %s (%d files, %d bytes).", checkpoint.uri, len(files), checkpoint.total_bytes)
+        self._collect_garbage(sequence)
+        return checkpoint
+
+    def _allocate_sequence(self) -> int:
+        if self._next_sequence is None:
+            names = self._list_names(self.location.join(ckpt.MANIFEST_DIR)) + self._list_names(self.location.root)
+            sequences = [s for s in map(ckpt.sequence_of, names) if s is not None]
+            self._next_sequence = max(sequences, default=0) + 1
+        sequence, self._next_sequence = self._next_sequence, self._next_sequence + 1
+        return sequence
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def list(self) -> builtins.list[Checkpoint]:
+        """Committed checkpoints, oldest first (ones due for collection already left out)."""
+        committed = self._committed()
+        if self.num_to_keep is None:
+            return committed
+        return ckpt.checkpoints_to_keep(committed, self.num_to_keep, self.score_attribute, self.score_order)
+
+    def latest(self) -> Checkpoint | None:
+        checkpoints = self.list()
+        return checkpoints[-1] if checkpoints else None
+
+    def best(self) -> Checkpoint | None:
+        """The committed checkpoint with the best ``score_attribute`` (ties: the newer one)."""
+        if self.score_attribute is None:
+            raise ValueError("best() ranks by score: create the store with score_attribute='<metric name>'.")
+        attribute, order = self.score_attribute, self.score_order
+        checkpoints = self.list()
+        if not checkpoints:
+            return None
+        return max(checkpoints, key=lambda c: (ckpt.score_key(c, attribute, order), c.sequence))
+
+    def restore(
+        self,
+        checkpoint: Checkpoint | str | None = None,
+        *,
+        local_dir: str | os.PathLike[str],
+        fallback: bool = False,
+    ) -> Checkpoint:
+        """Download a checkpoint (default: the latest) into ``local_dir`` (new or empty) and verify every file.
+
+        A corrupted checkpoint raises ``CheckpointCorruptedError``; with ``fallback=True`` the next older
+        committed checkpoint is tried instead. Returns the checkpoint that was restored.
+        """
+        target = Path(local_dir)
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise FileExistsError(f"restore writes into a new or empty folder; {str(target)!r} is not empty.")
+        _check_writable(str(target.parent), "the folder to restore into")
+        candidates = self._restore_candidates(checkpoint, fallback)
+        for index, candidate in enumerate(candidates):
+            try:
+                with self._readers.reading(candidate.name, lease_s=self.timeout_s + _LEASE_MARGIN_S):
+                    self._restore_one(candidate, target)
+                return candidate
+            except CheckpointCorruptedError as error:
+                if index + 1 == len(candidates):
+                    raise
+                logger.warning("%s; falling back to the previous checkpoint.", error)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def restore_async(
+        self,
+        checkpoint: Checkpoint | str | None = None,
+        *,
+        local_dir: str | os.PathLike[str],
+        fallback: bool = False,
+    ) -> CheckpointFuture:
+        """``restore`` in the background; await the future in an event loop, or call ``result()``."""
+        self._check_open()
+        return CheckpointFuture(self._restores.submit(self.restore, checkpoint, local_dir=local_dir, fallback=fallback))
+
+    async def arestore(
+        self,
+        checkpoint: Checkpoint | str | None = None,
+        *,
+        local_dir: str | os.PathLike[str],
+        fallback: bool = False,
+    ) -> Checkpoint:
+        return await self.restore_async(checkpoint, local_dir=local_dir, fallback=fallback)
+
+    def _restore_candidates(self, checkpoint: Checkpoint | str | None, fallback: bool) -> builtins.list[Checkpoint]:
+        committed = self.list()
+        if not committed:
+            raise CheckpointNotFoundError(f"No committed checkpoint under {self.location.display}.")
+        if checkpoint is None:
+            chosen = committed[-1]
+        else:
+            name = checkpoint.name if isinstance(checkpoint, Checkpoint) else str(checkpoint)
+            matches = [c for c in committed if c.name == name]
+            if not matches:
+                raise CheckpointNotFoundError(
+                    f"No committed checkpoint {name!r} under {self.location.display} (it may have been collected); "
+                    f"committed: {', '.join(c.name for c in committed)}."
+                )
+            chosen = matches[0]
+        if not fallback:
+            return [chosen]
+        return [chosen] + [c for c in reversed(committed) if c.sequence < chosen.sequence]
+
+    def _restore_one(self, checkpoint: Checkpoint, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = target.parent / f".{target.name}.restoring-{uuid.uuid4().hex[:8]}"
+        scratch.mkdir()
+        try:
+            data_uri = self.location.join(checkpoint.name)
+            self._retry(
+                lambda left: self.client.download(data_uri, str(scratch), timeout_s=left),
+                f"downloading {checkpoint.uri}",
+            )
+            verify_folder(scratch, checkpoint)
+            if target.exists():
+                target.rmdir()
+            os.replace(scratch, target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    # -- flushing --------------------------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the upload in flight (and its garbage collection).
+
+        If it failed and its future's outcome was never looked at, raise its error here, so it is not lost.
+        """
+        pending = self._pending
+        if pending is None:
+            return
+        concurrent.futures.wait([pending._future], timeout)
+        if not pending._future.done():
+            raise TimeoutError(f"The upload to {self.location.display} is still running after {timeout} s.")
+        if not pending.observed:
+            pending.result()
+
+    def close(self) -> None:
+        """Flush the upload in flight, then release threads, the client and the staging folder."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._uploads.shutdown(wait=True)
+            self._restores.shutdown(wait=True)
+            self.client.close()
+            if self._staging_root is not None:
+                shutil.rmtree(self._staging_root, ignore_errors=True)
+
+    # -- garbage collection ------------------------------------------------------------------------------------
+
+    def _collect_garbage(self, committed_sequence: int) -> None:
+        """Delete what the keep rules drop, then unfinished uploads older than this commit. Never raises."""
+        try:
+            committed = self._committed()
+            doomed: builtins.list[str] = []
+            if self.num_to_keep is not None:
+                keep = ckpt.checkpoints_to_keep(committed, self.num_to_keep, self.score_attribute, self.score_order)
+                kept = {c.name for c in keep}
+                doomed = [c.name for c in committed if c.name not in kept]
+            unfinished = self._unfinished(committed, committed_sequence)
+            busy = self._readers.busy() if doomed or unfinished else set()
+            for name in doomed:
+                if name in busy:
+                    continue  # a restore reads it: the next collection takes it
+                self._delete(self.location.join(ckpt.MANIFEST_DIR, name))  # uncommit first
+                self._manifests.pop(name, None)
+                self._delete(self.location.join(name))
+                logger.info("Collected %s.", self.location.display_join(name))
+            for name in unfinished:
+                if name not in busy:
+                    self._delete(self.location.join(name))
+                    logger.info("Removed unfinished upload %s.", self.location.display_join(name))
+        except Exception as error:
+            logger.warning("Garbage collection under %s failed: %s", self.location.display, self._redact(str(error)))
+
+    def _unfinished(self, committed: builtins.list[Checkpoint], before_sequence: int) -> builtins.list[str]:
+        """Checkpoint folders without a manifest, started before ``before_sequence`` (their writer is gone)."""
+        names = {c.name for c in committed}
+        return [
+            name
+            for name in self._list_names(self.location.root)
+            if (sequence := ckpt.sequence_of(name)) is not None and name not in names and sequence < before_sequence
+        ]
+
+    def _delete(self, uri: str) -> None:
+        self._retry(lambda left: self.client.delete(uri, timeout_s=left), "deleting a checkpoint")
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+
+    def _committed(self) -> builtins.list[Checkpoint]:
+        names = [n for n in self._list_names(self.location.join(ckpt.MANIFEST_DIR)) if ckpt.sequence_of(n)]
+        found = []
+        for name in names:
+            checkpoint = self._manifests.get(name) or self._read_manifest(name)
+            if checkpoint is not None:
+                self._manifests[name] = checkpoint
+                found.append(checkpoint)
+        for gone in set(self._manifests) - set(names):
+            del self._manifests[gone]
+        return sorted(found, key=lambda c: c.sequence)
+
+    def _read_manifest(self, name: str) -> Checkpoint | None:
+        try:
+            data = self._retry(
+                lambda left: self.client.read_bytes(self._manifest_uri(name), timeout_s=left),
+                f"reading the manifest of {name}",
+                timeout_s=_METADATA_TIMEOUT_S,
+            )
+            return ckpt.decode_manifest(data, self.location.display_join(name))
+        except FileNotFoundError:
+            return None  # collected between the listing and the read
+        except (ValueError, KeyError, TypeError) as error:
+            logger.warning("Ignoring %s: its manifest is unreadable (%s).", self.location.display_join(name), error)
+            return None
+
+    def _list_names(self, uri: str) -> builtins.list[str]:
+        names: builtins.list[str] = self._retry(
+            lambda left: self.client.list_names(uri, timeout_s=left),
+            "listing checkpoints",
+            timeout_s=_METADATA_TIMEOUT_S,
+        )
+        return names
+
+    def _manifest_uri(self, name: str) -> str:
+        return self.location.join(ckpt.MANIFEST_DIR, name, ckpt.MANIFEST_FILE)
+
+    def _retry(self, operation: Any, what: str, timeout_s: float | None = None) -> Any:
+        deadline = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        return with_retries(operation, what=what, timeout_s=deadline, retries=self.retries, secrets=self._secrets)
+
+    def _staging(self) -> str:
+        if self._staging_root is None:
+            if self._staging_parent is not None:
+                _check_writable(self._staging_parent, "staging_dir")
+            self._staging_root = tempfile.mkdtemp(prefix="elastrain-durable-staging-", dir=self._staging_parent)
+        return self._staging_root
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed; create a new CheckpointStore.")
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
+
+def _default_client(location: Any, storage_options: Mapping[str, Any] | None) -> SyncClient:
+    from elastrain.durable._private.fsspec_client import FsspecSyncClient
+
+    if location.is_local:
+        if storage_options:
+            raise ValueError("storage_options are for remote storage; a local folder takes none.")
+        return FsspecSyncClient()
+    import_backend(location.protocol)
+    import fsspec
+
+    return FsspecSyncClient(fsspec.filesystem(location.protocol, **dict(storage_options or {})))
+
+
+def _check_options(
+    num_to_keep: int | None, score_attribute: str | None, score_order: str, timeout_s: float, retries: int
+) -> None:
+    if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int)):
+        raise TypeError(f"num_to_keep must be a positive int or None (keep all), got {num_to_keep!r}.")
+    if num_to_keep is not None and num_to_keep < 1:
+        raise ValueError(f"num_to_keep must be at least 1 (or None to keep all), got {num_to_keep}.")
+    if score_attribute is not None and (not isinstance(score_attribute, str) or not score_attribute):
+        raise ValueError(f"score_attribute must be a metric name, got {score_attribute!r}.")
+    if score_order not in ("max", "min"):
+        raise ValueError(f"score_order must be 'max' or 'min', got {score_order!r}.")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}.")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be a non-negative int, got {retries!r}.")
+
+
+def _check_writable(path: str, what: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise PermissionError(f"Cannot create {what} {path!r} ({error.strerror}); choose a writable folder.") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what.capitalize()} {path!r} is not writable; choose a writable folder.")
