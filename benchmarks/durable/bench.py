@@ -58,6 +58,11 @@ def measure_round(
     future = store.save_async(source, step=round_)
     record("save_async blocked", time.perf_counter() - started)
     record("save_async commit", timed(future.result))
+    store.wait()
+    started = time.perf_counter()
+    linked = store.save_async(source, step=round_, staging="link")
+    record("save_async link blocked", time.perf_counter() - started)
+    linked.result()
     record("save", timed(lambda: store.save(source)))
     store.wait()
     target = f"bench/raw-{round_}"
@@ -110,6 +115,8 @@ def main() -> None:
     rows = [
         Row(case, "training blocked: save_async (staged copy)", median["save_async blocked"], "save (blocks to commit)",
             median["save"], 0.1),
+        Row(case, "training blocked: save_async(staging='link')", median["save_async link blocked"],
+            "save (blocks to commit)", median["save"], None),
         Row(case, "upload: save (time; ≤ 1.11× = throughput ≥ 0.9×)", median["save"], "raw s3fs put",
             median["s3fs put"], 1 / 0.9),
         Row(case, "upload: save", median["save"], "Ray Train path (pyarrow.fs.copy_files)",

@@ -84,6 +84,8 @@ class CheckpointStore:
         self._staging_root: str | None = None
         self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="elastrain-durable-upload")
         self._restores = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="elastrain-durable-restore")
+        self._hashing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="elastrain-durable-describe")
+        self._collection: concurrent.futures.Future[None] | None = None
         self._save_lock = threading.Lock()
         self._pending: CheckpointFuture | None = None
         self._manifests: dict[str, Checkpoint] = {}
@@ -155,18 +157,18 @@ class CheckpointStore:
                 concurrent.futures.wait([self._pending._future])
             if staging is None:
                 staged, owned = source, False
-                files = describe(source)
             else:
                 staged, owned = Path(self._staging()) / uuid.uuid4().hex, True
                 try:
-                    files = stage(source, staged, staging)
+                    stage(source, staged, staging)
                 except BaseException:
                     shutil.rmtree(staged, ignore_errors=True)
                     raise
-            # Naming needs a listing of the store: the upload thread does it, so saving never waits on storage.
-            self._pending = CheckpointFuture(
-                self._uploads.submit(self._upload_and_commit, staged, owned, step, metrics, files)
-            )
+            # Naming and hashing happen in the upload thread: saving never waits on storage or checksums.
+            upload = self._uploads.submit(self._upload_and_commit, staged, owned, step, metrics)
+            self._pending = CheckpointFuture(upload)
+            # Collection runs after the commit, in the same thread: the commit's future does not wait for it.
+            self._collection = self._uploads.submit(self._collect_after, upload)
             return self._pending
 
     async def asave(
@@ -183,9 +185,9 @@ class CheckpointStore:
         """
         return await asyncio.to_thread(self.save_async, local_dir, metrics=metrics, step=step, staging=staging)
 
-    def _upload_and_commit(
-        self, staged: Path, owned: bool, step: int | None, metrics: dict[str, Any], files: builtins.list[Any]
-    ) -> Checkpoint:
+    def _upload_and_commit(self, staged: Path, owned: bool, step: int | None, metrics: dict[str, Any]) -> Checkpoint:
+        # Checksums are computed while the files upload (both read the same pages; hashlib releases the GIL).
+        hashing = self._hashing.submit(describe, staged)
         try:
             sequence = self._allocate_sequence()
             name = ckpt.new_name(sequence)
@@ -194,6 +196,7 @@ class CheckpointStore:
                 lambda left: self.client.upload(str(staged), data_uri, timeout_s=left),
                 f"uploading {self.location.display_join(name)}",
             )
+            files = hashing.result()
             created_at = time.time()
             manifest = ckpt.encode_manifest(
                 name=name, sequence=sequence, step=step, metrics=metrics, created_at=created_at, files=files
@@ -203,13 +206,17 @@ class CheckpointStore:
                 f"committing {self.location.display_join(name)}",
             )
         finally:
+            concurrent.futures.wait([hashing])
             if owned:
                 shutil.rmtree(staged, ignore_errors=True)
         checkpoint = ckpt.decode_manifest(manifest, self.location.display_join(name))
         self._manifests[name] = checkpoint
         logger.info("Committed %s (%d files, %d bytes).", checkpoint.uri, len(files), checkpoint.total_bytes)
-        self._collect_garbage(sequence)
         return checkpoint
+
+    def _collect_after(self, upload: concurrent.futures.Future[Checkpoint]) -> None:
+        if upload.exception() is None:
+            self._collect_garbage(upload.result().sequence)
 
     def _allocate_sequence(self) -> int:
         if self._next_sequence is None:
@@ -333,11 +340,14 @@ class CheckpointStore:
 
         If it failed and its future's outcome was never looked at, raise its error here, so it is not lost.
         """
-        pending = self._pending
+        pending, collection = self._pending, self._collection
         if pending is None:
             return
-        concurrent.futures.wait([pending._future], timeout)
-        if not pending._future.done():
+        waiting: builtins.list[concurrent.futures.Future[Any]] = [pending._future]
+        if collection is not None:
+            waiting.append(collection)
+        concurrent.futures.wait(waiting, timeout)
+        if not pending._future.done() or (collection is not None and not collection.done()):
             raise TimeoutError(f"The upload to {self.location.display} is still running after {timeout} s.")
         if not pending.observed:
             pending.result()
@@ -352,6 +362,7 @@ class CheckpointStore:
             self._closed = True
             self._uploads.shutdown(wait=True)
             self._restores.shutdown(wait=True)
+            self._hashing.shutdown(wait=True)
             self.client.close()
             if self._staging_root is not None:
                 shutil.rmtree(self._staging_root, ignore_errors=True)
