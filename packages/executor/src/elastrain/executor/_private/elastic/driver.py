@@ -20,6 +20,7 @@ from elastrain.discovery import HostChange, HostEvent, HostManager, assign_slots
 from elastrain.executor._private.elastic.runtime import ElasticOptions
 from elastrain.executor._private.elastic.world import Member, World
 from elastrain.executor._private.errors import ExecutorError, WorkerError
+from elastrain.executor._private.observers import RunWatch, worker_record
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import NodeInfo
 
@@ -80,6 +81,7 @@ class ElasticDriver:
         elastic_options: ElasticOptions,
         startup_grace_s: float = 30.0,
         spare_worker: bool = False,
+        watch: RunWatch | None = None,
     ) -> None:
         self.options = options
         self.startup_grace_s = startup_grace_s
@@ -99,6 +101,7 @@ class ElasticDriver:
         self._startup_failures: dict[str, int] = {}
         self._below_min_since: float | None = None
         self.spare_worker = spare_worker
+        self.watch = watch or RunWatch([])
         self._no_spare_until = 0.0
 
     # -- the call --------------------------------------------------------------------------------------------
@@ -369,6 +372,16 @@ class ElasticDriver:
             worker.joined = True
         self.stats.worlds.append(self._world.size)
         ray.get(self.coordinator.publish.remote(self._world), timeout=30)
+        by_id = {w.worker_id: w for w in ready}
+        self.watch.workers_changed(
+            [
+                worker_record(by_id[m.worker_id].actor, m.slot.rank, m.slot.local_rank, m.node_rank, node)
+                for m in self._world.members
+                if (node := by_id[m.worker_id].node) is not None
+            ],
+            self._world.size,
+            self.stats.resets,
+        )
         logger.info(
             "Published group %s: %s.",
             self._generation,

@@ -10,6 +10,7 @@ from elastrain.executor._private.elastic.coordinator import Coordinator
 from elastrain.executor._private.elastic.driver import ElasticDriver, ElasticStats
 from elastrain.executor._private.elastic.runtime import ElasticOptions
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
+from elastrain.executor._private.observers import RunWatch
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import control_actor_options
 from elastrain.executor._private.settings import ExecutorSettings
@@ -62,6 +63,17 @@ class ElasticSession:
 
         self.calls += 1
         call_id = self.calls if callbacks else 0
+        watch = RunWatch.start(
+            {
+                "name": str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "elastic_run")),
+                "job_id": ray.get_runtime_context().get_job_id(),
+                "controller_actor_id": self.sink._actor_id.hex(),
+                "workers": [],
+                "world_size": 0,
+                "min_workers": self.options.num_workers,
+                "max_workers": self.options.max_workers,
+            }
+        )
         driver = ElasticDriver(
             options=self.options,
             manager=self.manager,
@@ -76,6 +88,7 @@ class ElasticSession:
             ),
             startup_grace_s=self.settings.timeout_s,
             spare_worker=self.settings.spare_worker and self.options.override_discovery,
+            watch=watch,
         )
         self.driver = driver
         from ray import cloudpickle
@@ -83,7 +96,13 @@ class ElasticSession:
         payload = ray.put(cloudpickle.dumps((fn, tuple(args), dict(kwargs))))
         with delivering(self.sink, callbacks, call_id, _CALLBACK_DRAIN_S):
             try:
-                return driver.run(payload, call_id)
+                results = driver.run(payload, call_id)
+            except BaseException as error:
+                watch.failed(str(error))
+                raise
+            else:
+                watch.finished()
+                return results
             finally:
                 self.driver = None
                 self.last_stats = driver.stats

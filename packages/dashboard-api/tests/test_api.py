@@ -1,0 +1,172 @@
+"""The HTTP API against a real Ray, the real state actor and a real HTTP server."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from elastrain.executor import RayExecutor, context
+from elastrain.state import RunStatus, TrainRunInfo, get_or_create_state_actor
+from elastrain_testutils.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("no_state_actor")
+TOKEN = "a-long-enough-test-token"
+
+
+def hold(gate: str) -> int:
+    while not os.path.exists(gate):
+        time.sleep(0.02)
+    return context().rank
+
+
+def store_runs(count: int, **changes: Any) -> None:
+    import ray
+
+    actor = get_or_create_state_actor()
+    documents = [
+        TrainRunInfo(
+            name=f"model-{index % 3}", id=f"run-{index:04d}", job_id=f"job-{index % 2}",
+            run_status=RunStatus.FINISHED if index % 4 else RunStatus.ERRORED,
+            start_time_ms=1_000 + index, end_time_ms=2_000 + index, **changes,
+        ).model_dump(mode="json")
+        for index in range(count)
+    ]  # fmt: skip
+    ray.get([actor.register_run.remote(document) for document in documents], timeout=60)
+
+
+def test_a_real_job_shows_its_workers_alive_then_dead(serve: Any, tmp_path: Path) -> None:
+    gate = str(tmp_path / "go")
+    get_or_create_state_actor()
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        settings = RayExecutor.create_settings(timeout_s=60)
+        with RayExecutor(settings, num_workers=4, cpus_per_worker=0.5) as executor:
+            executor.start()
+            job = threading.Thread(target=executor.run, args=[hold, [gate]])
+            job.start()
+            page = wait_until(lambda: http.get("/api/train/runs").json()["runs"], timeout_s=60, what="the run")
+            assert len(page) == 1
+            run = page[0]
+            assert run["run_status"] == "RUNNING"
+            assert [w["world_rank"] for w in run["workers"]] == [0, 1, 2, 3]
+            assert {w["status"] for w in run["workers"]} == {"ALIVE"}
+            Path(gate).write_text("")
+            job.join(60)
+        response = http.get(f"/api/train/runs/{run['id']}")
+        assert response.status_code == 200
+        done = response.json()
+        assert done["run_status"] == "FINISHED"
+        assert {w["status"] for w in done["workers"]} == {"DEAD"}  # the executor shut its workers down
+
+
+def test_paging_through_250_runs_returns_each_once(serve: Any) -> None:
+    store_runs(250)
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 40}
+            if cursor:
+                params["cursor"] = cursor
+            body = http.get("/api/train/runs", params=params).json()
+            seen += [run["id"] for run in body["runs"]]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        assert len(seen) == 250
+        assert len(set(seen)) == 250
+        assert seen == sorted(seen, reverse=True)  # newest first
+
+
+def test_filters(serve: Any) -> None:
+    store_runs(40)
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        errored = http.get("/api/train/runs", params={"status": "ERRORED", "limit": 100}).json()["runs"]
+        assert len(errored) == 10
+        assert {r["run_status"] for r in errored} == {"ERRORED"}
+        both = http.get("/api/train/runs", params={"job_id": "job-1", "name": "model-0", "limit": 100}).json()["runs"]
+        assert both
+        assert all(r["job_id"] == "job-1" and r["name"] == "model-0" for r in both)
+
+
+def test_a_running_run_whose_controller_is_gone_shows_aborted_without_rewriting_it(serve: Any) -> None:
+    import ray
+
+    store_runs(1, controller_actor_id="ff" * 16)  # no such actor: its controller is gone
+    actor = get_or_create_state_actor()
+    ray.get(actor.set_status.remote("run-0000", "RUNNING"), timeout=30)
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get("/api/train/runs/run-0000").json()["run_status"] == "ABORTED"
+    assert ray.get(actor.get_run.remote("run-0000"), timeout=30)["run_status"] == "RUNNING"
+
+
+def test_errors(serve: Any) -> None:
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        off = http.get("/api/train/runs")
+        assert off.status_code == 503
+        assert "tracking is off" in off.json()["detail"]
+        store_runs(3)
+        missing = http.get("/api/train/runs/nope")
+        assert missing.status_code == 404
+        assert missing.json()["field"] == "run_id"
+        bad_limit = http.get("/api/train/runs", params={"limit": 0})
+        assert bad_limit.status_code == 422
+        assert "limit" in str(bad_limit.json()["detail"])
+        bad_status = http.get("/api/train/runs", params={"status": "SLEEPING"})
+        assert bad_status.status_code == 422
+        bad_cursor = http.get("/api/train/runs", params={"cursor": "not-ours"})
+        assert bad_cursor.status_code == 400
+        assert bad_cursor.json()["field"] == "cursor"
+        health = http.get("/healthz").json()
+        assert health["status"] == "ok"
+        assert health["tracking"]
+
+
+def test_metrics_are_prometheus_text(serve: Any) -> None:
+    store_runs(8)
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        http.get("/api/train/runs")
+        text = http.get("/metrics").text
+    assert 'elastrain_runs{status="FINISHED"} 6' in text
+    assert 'elastrain_runs{status="ERRORED"} 2' in text
+    assert 'elastrain_http_request_duration_seconds_count{route="/api/train/runs",code="200"} 1' in text
+
+
+def test_token_is_required_when_set(serve: Any) -> None:
+    store_runs(1)
+    with serve(token=TOKEN) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get("/api/train/runs").status_code == 401
+        assert http.get("/api/train/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert http.get("/metrics").status_code == 401
+        good = http.get("/api/train/runs", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert good.status_code == 200
+        assert http.get("/").status_code == 200  # the page holds no data; its requests carry the token
+        assert "access-control-allow-origin" not in good.headers  # no CORS by default
+
+
+def test_cli_refuses_to_bind_off_loopback_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastrain.dashboard_api._private.cli import parse
+
+    monkeypatch.delenv("ELASTRAIN_DASHBOARD_TOKEN", raising=False)
+    with pytest.raises(SystemExit):
+        parse(["--host", "0.0.0.0"])
+    assert parse(["--host", "0.0.0.0", "--token", TOKEN]).token == TOKEN
+    monkeypatch.setenv("ELASTRAIN_DASHBOARD_TOKEN", TOKEN)
+    assert parse(["--host", "0.0.0.0"]).token == TOKEN
+    assert parse([]).host == "127.0.0.1"
+
+
+def test_nothing_secret_is_returned(serve: Any) -> None:
+    store_runs(2)
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        body = http.get("/api/train/runs").text
+        schema = http.get("/openapi.json").json()
+    assert "environment" not in body.lower()
+    assert "secret" not in body.lower()
+    assert "/api/train/runs" in schema["paths"]
+    assert "TrainRunInfo" in schema["components"]["schemas"]

@@ -1,0 +1,150 @@
+"""The run schemas: immutable pydantic models whose JSON round trip is exact."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+# status_detail keeps at most this many characters: the start and the end of a long trace, which is where the
+# exception type and the failing line are.
+STATUS_DETAIL_MAX_CHARS = 16_384
+_TRUNCATION_MARK = "\n... [{} characters cut] ...\n"
+# A run's latest metrics keep at most this many scalars.
+MAX_METRICS = 32
+
+
+class RunStatus(enum.StrEnum):
+    INITIALIZING = "INITIALIZING"  # registered; workers starting
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    ERRORED = "ERRORED"
+    ABORTED = "ABORTED"  # stopped from outside (driver gone, cancelled)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunStatus.FINISHED, RunStatus.ERRORED, RunStatus.ABORTED)
+
+    @property
+    def is_final(self) -> bool:
+        """FINISHED and ERRORED never change; ABORTED may still become one of them (a late truth wins)."""
+        return self in (RunStatus.FINISHED, RunStatus.ERRORED)
+
+
+class ActorStatus(enum.StrEnum):
+    ALIVE = "ALIVE"
+    DEAD = "DEAD"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class TrainWorkerInfo(_Frozen):
+    actor_id: str
+    world_rank: NonNegative
+    local_rank: NonNegative
+    node_rank: NonNegative
+    node_id: str
+    node_ip: str
+    hostname: str
+    pid: NonNegative
+    gpu_ids: tuple[str, ...] = ()
+    status: ActorStatus = ActorStatus.ALIVE
+
+
+class TrainDatasetInfo(_Frozen):
+    name: str
+    dataset_uuid: str
+    dataset_name: str | None = None
+
+
+class RunMetrics(_Frozen):
+    """The latest reported step and a few scalars (NaN and infinities are kept as None: JSON has neither)."""
+
+    step: int | None = None
+    values: dict[str, float | None] = Field(default_factory=dict)
+    time_ms: NonNegative = 0
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _finite(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        if len(values) > MAX_METRICS:
+            raise ValueError(f"at most {MAX_METRICS} metrics per update, got {len(values)}")
+        return {
+            key: (None if isinstance(value, float) and not math.isfinite(value) else value)
+            for key, value in values.items()
+        }
+
+
+class TrainRunInfo(_Frozen):
+    """One training run. ``id`` is unique per run: not a job id, and never reused when a run is restored."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    id: str = Field(min_length=1)
+    job_id: str
+    controller_actor_id: str | None = None
+    workers: tuple[TrainWorkerInfo, ...] = ()
+    datasets: tuple[TrainDatasetInfo, ...] = ()
+    run_status: RunStatus = RunStatus.INITIALIZING
+    status_detail: str | None = None
+    start_time_ms: NonNegative
+    end_time_ms: NonNegative | None = None
+    min_workers: NonNegative | None = None
+    max_workers: NonNegative | None = None
+    resets: NonNegative = 0
+    world_size: NonNegative = 0
+    latest_metrics: RunMetrics | None = None
+
+    @field_validator("workers")
+    @classmethod
+    def _by_rank(cls, workers: tuple[TrainWorkerInfo, ...]) -> tuple[TrainWorkerInfo, ...]:
+        return tuple(sorted(workers, key=lambda worker: worker.world_rank))
+
+    @field_validator("status_detail")
+    @classmethod
+    def _bounded_detail(cls, detail: str | None) -> str | None:
+        return None if detail is None else truncate_detail(detail)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainRunInfo:
+        if self.end_time_ms is not None and self.end_time_ms < self.start_time_ms:
+            raise ValueError("end_time_ms is before start_time_ms")
+        if self.schema_version > SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {self.schema_version} is newer than this elastrain-state ({SCHEMA_VERSION}); "
+                "upgrade elastrain-state"
+            )
+        return self
+
+
+def truncate_detail(detail: str, limit: int = STATUS_DETAIL_MAX_CHARS) -> str:
+    """Keep the head and the tail of a long text, marking what was cut; the result has at most ``limit`` chars."""
+    if len(detail) <= limit:
+        return detail
+    cut = len(detail) - limit
+    while True:  # the mark names how much was cut, and its own length changes that number: settle it
+        mark = _TRUNCATION_MARK.format(cut)
+        keep = limit - len(mark)
+        if len(detail) - keep == cut:
+            break
+        cut = len(detail) - keep
+    head = keep // 2
+    return detail[:head] + mark + detail[len(detail) - (keep - head) :]
+
+
+def migrate(document: dict[str, Any]) -> dict[str, Any]:
+    """Bring a stored run to the current schema version (version 1 is the first: nothing to do yet)."""
+    version = int(document.get("schema_version", 1))
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"stored schema_version {version} is newer than {SCHEMA_VERSION}: upgrade elastrain-state")
+    return {**document, "schema_version": SCHEMA_VERSION}

@@ -1,0 +1,213 @@
+"""The state actor on a real local Ray: naming, concurrency, final statuses, retention, snapshots."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain.state import (
+    STATE_ACTOR_NAME,
+    STATE_ACTOR_NAMESPACE,
+    RunStatus,
+    RunTracker,
+    TrainRunInfo,
+    get_or_create_state_actor,
+    get_state_actor,
+)
+from elastrain_testutils.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("no_state_actor")
+
+
+def run_doc(index: int, status: str = "RUNNING", job: str = "job") -> dict[str, Any]:
+    return TrainRunInfo(
+        name=f"run-{index}", id=f"id-{index}", job_id=job, run_status=RunStatus(status), start_time_ms=1_000 + index
+    ).model_dump(mode="json")
+
+
+def all_runs(actor: Any, **filters: Any) -> list[dict[str, Any]]:
+    import ray
+
+    runs: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page, cursor = ray.get(actor.list_runs.remote(limit=50, cursor=cursor, **filters), timeout=30)
+        runs += page
+        if cursor is None:
+            return runs
+
+
+def test_actor_is_named_detached_and_on_the_head_node() -> None:
+    import ray
+    from ray.util.state import get_actor
+
+    assert get_state_actor() is None
+    actor = get_or_create_state_actor()
+    assert ray.get(actor.info.remote(), timeout=60)["runs"] == 0
+    named = ray.util.list_named_actors(all_namespaces=True)
+    assert {"name": STATE_ACTOR_NAME, "namespace": STATE_ACTOR_NAMESPACE} in named
+    state = get_actor(actor._actor_id.hex())
+    assert state is not None
+    assert state.is_detached
+    assert state.node_id == ray.get_runtime_context().get_node_id()  # the head node of this one-node cluster
+    assert get_state_actor() is not None
+
+
+def test_many_drivers_creating_it_at_once_get_one_actor() -> None:
+    import ray
+
+    @ray.remote(num_cpus=0.1)
+    def create() -> str:
+        return str(get_or_create_state_actor()._actor_id.hex())
+
+    ids = ray.get([create.remote() for _ in range(12)], timeout=120)
+    assert len(set(ids)) == 1
+
+
+def test_100_concurrent_registrations() -> None:
+    import ray
+
+    actor = get_or_create_state_actor()
+    ray.get([actor.register_run.remote(run_doc(index)) for index in range(100)], timeout=60)
+    runs = all_runs(actor)
+    assert len(runs) == 100
+    assert len({r["id"] for r in runs}) == 100
+    assert [r["start_time_ms"] for r in runs] == sorted((r["start_time_ms"] for r in runs), reverse=True)
+
+
+def test_ten_managers_with_ten_runs_each() -> None:
+    import ray
+
+    @ray.remote(num_cpus=0.1)
+    def manager(index: int) -> list[str]:
+        ids = []
+        for run in range(10):
+            tracker = RunTracker(f"manager-{index}", job_id=f"job-{index}")
+            tracker.start()
+            tracker.report_metrics(step=run, loss=1.0 / (run + 1))
+            tracker.finish()
+            ids.append(tracker.run_id)
+        return ids
+
+    ids = [i for batch in ray.get([manager.remote(i) for i in range(10)], timeout=180) for i in batch]
+    actor = get_state_actor()
+    runs = all_runs(actor)
+    assert sorted(r["id"] for r in runs) == sorted(ids)
+    assert {r["run_status"] for r in runs} == {"FINISHED"}
+    assert len(all_runs(actor, job_id="job-3")) == 10
+    assert all(r["latest_metrics"]["step"] == 9 for r in all_runs(actor, name="manager-0")[:1])
+
+
+def test_final_statuses_are_never_taken_back() -> None:
+    import ray
+
+    actor = get_or_create_state_actor()
+    tracker = RunTracker("final", actor=actor)
+    tracker.start([])
+    tracker.finish()
+    for late in ("ABORTED", "RUNNING", "ERRORED"):
+        ray.get(actor.set_status.remote(tracker.run_id, late, "late"), timeout=30)
+    stored = ray.get(actor.get_run.remote(tracker.run_id), timeout=30)
+    assert stored["run_status"] == "FINISHED"
+    assert stored["end_time_ms"] >= stored["start_time_ms"]
+    # ABORTED is not final: a late FINISHED is the truth, a late RUNNING is not.
+    ray.get(actor.register_run.remote(run_doc(7)), timeout=30)
+    ray.get(actor.set_status.remote("id-7", "ABORTED", "driver gone"), timeout=30)
+    ray.get(actor.set_status.remote("id-7", "RUNNING"), timeout=30)
+    assert ray.get(actor.get_run.remote("id-7"), timeout=30)["run_status"] == "ABORTED"
+    ray.get(actor.set_status.remote("id-7", "FINISHED"), timeout=30)
+    assert ray.get(actor.get_run.remote("id-7"), timeout=30)["run_status"] == "FINISHED"
+    # Registering the same run again after it finished keeps the final status.
+    ray.get(actor.register_run.remote(run_doc(7, "RUNNING")), timeout=30)
+    assert ray.get(actor.get_run.remote("id-7"), timeout=30)["run_status"] == "FINISHED"
+
+
+def test_retention_keeps_running_runs() -> None:
+    import ray
+
+    actor = get_or_create_state_actor(max_runs=20)
+    ray.get(actor.register_run.remote(run_doc(0, "RUNNING")), timeout=30)
+    ray.get([actor.register_run.remote(run_doc(index, "FINISHED")) for index in range(1, 40)], timeout=60)
+    runs = all_runs(actor)
+    assert len(runs) == 20
+    assert "id-0" in {r["id"] for r in runs}
+    assert min(int(r["id"][3:]) for r in runs if r["id"] != "id-0") == 21
+
+
+def test_killed_actor_comes_back_with_its_runs(tmp_path: Path) -> None:
+    import ray
+
+    actor = get_or_create_state_actor(snapshot_uri=str(tmp_path / "state"), snapshot_interval_s=0.2)
+    ray.get([actor.register_run.remote(run_doc(index, "FINISHED")) for index in range(30)], timeout=60)
+    wait_until(lambda: (tmp_path / "state" / "runs.json").exists(), timeout_s=30, what="the first snapshot")
+    ray.get(actor.flush.remote(), timeout=30)
+    pid = ray.get(actor.info.remote(), timeout=30)["pid"]
+    ray.kill(actor, no_restart=False)  # as if it crashed: Ray restarts it
+    info = wait_until(lambda: _info_if_restarted(pid), timeout_s=120, what="the state actor to restart")
+    assert info["runs"] == 30
+    assert info["persistent"]
+    assert len(all_runs(get_state_actor())) == 30
+
+
+def _info_if_restarted(old_pid: int) -> dict[str, Any] | None:
+    import ray
+
+    actor = get_state_actor()
+    try:
+        info: dict[str, Any] = ray.get(actor.info.remote(), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return None
+    return info if info["pid"] != old_pid else None
+
+
+def test_tracking_without_an_actor_goes_on() -> None:
+    tracker = RunTracker("untracked", create_actor=False)
+    tracker.start([])
+    tracker.report_metrics(step=1, loss=0.5)
+    tracker.finish()
+    assert get_state_actor() is None
+
+
+def test_a_broken_actor_never_fails_the_job() -> None:
+    import ray
+
+    actor = get_or_create_state_actor()
+    ray.kill(actor, no_restart=True)
+    tracker = RunTracker("orphan", actor=actor)
+    tracker.start([])
+    tracker.finish()  # the updates fail; tracking only warns
+
+
+def test_snapshot_is_written_atomically_under_load(tmp_path: Path) -> None:
+    import json
+
+    import ray
+
+    actor = get_or_create_state_actor(snapshot_uri=str(tmp_path / "s"), snapshot_interval_s=0.05)
+    stop = threading.Event()
+    torn: list[str] = []
+
+    def read() -> None:
+        path = tmp_path / "s" / "runs.json"
+        while not stop.is_set():
+            if path.exists():
+                try:
+                    json.loads(path.read_bytes())
+                except ValueError as error:
+                    torn.append(str(error))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        ray.get([actor.register_run.remote(run_doc(index, "FINISHED")) for index in range(300)], timeout=60)
+        ray.get(actor.flush.remote(), timeout=30)
+    finally:
+        stop.set()
+        reader.join(10)
+    assert not torn
+    assert len(json.loads((tmp_path / "s" / "runs.json").read_bytes())["runs"]) == 300
+    assert not [p for p in os.listdir(tmp_path / "s") if p.endswith(".tmp")]
