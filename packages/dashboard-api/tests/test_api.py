@@ -16,7 +16,8 @@ from elastrain.state import RunStatus, TrainRunInfo, get_or_create_state_actor
 from elastrain_testutils.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("no_state_actor")
-TOKEN = "a-long-enough-test-token"
+TOKEN = "a-long-enough-test-token"  # noqa: S105
+ANY_ADDRESS = "0.0.0.0"  # noqa: S104 - what the CLI must refuse without a token
 
 
 def hold(gate: str) -> int:
@@ -97,9 +98,12 @@ def test_filters(serve: Any) -> None:
 def test_a_running_run_whose_controller_is_gone_shows_aborted_without_rewriting_it(serve: Any) -> None:
     import ray
 
-    store_runs(1, controller_actor_id="ff" * 16)  # no such actor: its controller is gone
     actor = get_or_create_state_actor()
-    ray.get(actor.set_status.remote("run-0000", "RUNNING"), timeout=30)
+    orphan = TrainRunInfo(
+        name="orphan", id="run-0000", job_id="j", run_status=RunStatus.RUNNING, start_time_ms=1,
+        controller_actor_id="ff" * 16,  # no such actor: the run's controller is gone
+    )  # fmt: skip
+    ray.get(actor.register_run.remote(orphan.model_dump(mode="json")), timeout=30)
     with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
         assert http.get("/api/train/runs/run-0000").json()["run_status"] == "ABORTED"
     assert ray.get(actor.get_run.remote("run-0000"), timeout=30)["run_status"] == "RUNNING"
@@ -154,10 +158,10 @@ def test_cli_refuses_to_bind_off_loopback_without_a_token(monkeypatch: pytest.Mo
 
     monkeypatch.delenv("ELASTRAIN_DASHBOARD_TOKEN", raising=False)
     with pytest.raises(SystemExit):
-        parse(["--host", "0.0.0.0"])
-    assert parse(["--host", "0.0.0.0", "--token", TOKEN]).token == TOKEN
+        parse(["--host", ANY_ADDRESS])
+    assert parse(["--host", ANY_ADDRESS, "--token", TOKEN]).token == TOKEN
     monkeypatch.setenv("ELASTRAIN_DASHBOARD_TOKEN", TOKEN)
-    assert parse(["--host", "0.0.0.0"]).token == TOKEN
+    assert parse(["--host", ANY_ADDRESS]).token == TOKEN
     assert parse([]).host == "127.0.0.1"
 
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import positive_data_acceptance
 
 from elastrain.dashboard_api import create_app
 from elastrain.state import RunStatus, TrainRunInfo, get_or_create_state_actor
@@ -18,22 +19,26 @@ def app(ray_4_cpus: None) -> Any:
 
     actor = get_or_create_state_actor()
     runs = [
-        TrainRunInfo(name=f"m{i}", id=f"r{i}", job_id="j", run_status=RunStatus.FINISHED, start_time_ms=i, end_time_ms=i)
+        TrainRunInfo(
+            name=f"m{i}", id=f"r{i}", job_id="j", run_status=RunStatus.FINISHED, start_time_ms=i, end_time_ms=i
+        )
         for i in range(30)
     ]
     ray.get([actor.register_run.remote(run.model_dump(mode="json")) for run in runs], timeout=60)
     return create_app()
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
+def test_no_server_errors_for_any_request(app: Any) -> None:
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.path for op in operations} >= {"/api/train/runs", "/api/train/runs/{run_id}", "/healthz", "/metrics"}
+    for operation in operations:
 
+        @given(case=operation.as_strategy())
+        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def check(case: Any) -> None:
+            # An opaque cursor is a string in the schema, yet only cursors this API made are accepted (400 names
+            # the field): the one check that expects every schema-valid value to be accepted does not apply.
+            case.call_and_validate(excluded_checks=[positive_data_acceptance])
 
-@pytest.fixture
-def api_schema(app: Any) -> Any:
-    return schemathesis.openapi.from_asgi("/openapi.json", app)
-
-
-@schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_no_server_errors(case: Any) -> None:
-    case.call_and_validate()
+        check()

@@ -22,7 +22,7 @@ CHROMIUM_FLAGS = [
 
 def a_run(index: int, status: RunStatus, workers: int = 0) -> dict[str, Any]:
     return TrainRunInfo(
-        name=f"resnet-{index}", id=f"run-{index}", job_id="01000000", run_status=status, start_time_ms=1_000_000 + index,
+        name=f"resnet-{index}", id=f"run-{index}", job_id="01", run_status=status, start_time_ms=1_000_000 + index,
         end_time_ms=None if status is RunStatus.RUNNING else 1_090_000 + index, world_size=workers, resets=index % 3,
         workers=tuple(
             TrainWorkerInfo(actor_id=f"{rank:032x}", world_rank=rank, local_rank=rank, node_rank=0, node_id="n" * 56,
@@ -37,7 +37,9 @@ def browser() -> Any:
     from playwright.sync_api import sync_playwright
 
     if not os.path.exists(CHROMIUM):
-        pytest.fail(f"Chromium is not installed at {CHROMIUM}: the dashboard-api nox session installs Debian's chromium")
+        pytest.fail(
+            f"Chromium is not installed at {CHROMIUM}: the dashboard-api nox session installs Debian's chromium"
+        )
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         yield launched

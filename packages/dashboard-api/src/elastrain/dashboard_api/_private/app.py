@@ -63,13 +63,13 @@ def create_app(source: Any = None, *, token: str | None = None) -> FastAPI:
     async def guard_and_measure(request: Request, call_next: Any) -> Response:
         started = time.perf_counter()
         path = request.url.path
-        if token is not None and (path.startswith("/api/") or path == "/metrics"):
-            if not _token_matches(request.headers.get("authorization", ""), token):
-                return JSONResponse(
-                    {"detail": "Missing or wrong bearer token: send 'Authorization: Bearer <token>'."},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+        guarded = path.startswith("/api/") or path == "/metrics"
+        if token is not None and guarded and not _token_matches(request.headers.get("authorization", ""), token):
+            return JSONResponse(
+                {"detail": "Missing or wrong bearer token: send 'Authorization: Bearer <token>'."},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         response: Response = await call_next(request)
         route = request.scope.get("route")
         metrics.observe(getattr(route, "path", "unmatched"), response.status_code, time.perf_counter() - started)

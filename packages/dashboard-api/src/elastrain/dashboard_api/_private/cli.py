@@ -7,7 +7,7 @@ import ipaddress
 import os
 import sys
 
-TOKEN_ENV = "ELASTRAIN_DASHBOARD_TOKEN"
+TOKEN_ENV = "ELASTRAIN_DASHBOARD_TOKEN"  # noqa: S105 - the name of the variable, not a token
 
 
 def is_loopback(host: str) -> bool:

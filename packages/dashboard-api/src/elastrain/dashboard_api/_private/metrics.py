@@ -41,12 +41,12 @@ class ApiMetrics:
             "# TYPE elastrain_http_request_duration_seconds histogram",
         ]
         with self._lock:
-            for (route, status), counts in sorted(self._counts.items()):
-                labels = f'route="{_escape(route)}",code="{status}"'
+            for (route, code), counts in sorted(self._counts.items()):
+                labels = f'route="{_escape(route)}",code="{code}"'
                 for bound, count in zip(_BUCKETS, counts, strict=False):
                     lines.append(f'elastrain_http_request_duration_seconds_bucket{{{labels},le="{bound}"}} {count}')
                 lines.append(f'elastrain_http_request_duration_seconds_bucket{{{labels},le="+Inf"}} {counts[-1]}')
-                lines.append(f"elastrain_http_request_duration_seconds_sum{{{labels}}} {self._sums[(route, status)]}")
+                lines.append(f"elastrain_http_request_duration_seconds_sum{{{labels}}} {self._sums[(route, code)]}")
                 lines.append(f"elastrain_http_request_duration_seconds_count{{{labels}}} {counts[-1]}")
         return "\n".join(lines) + "\n"
 

@@ -97,7 +97,9 @@ def decorate(runs: list[TrainRunInfo], alive: set[str]) -> list[TrainRunInfo]:
     """Workers marked ALIVE or DEAD; a RUNNING run whose controller is gone shown as ABORTED (not stored)."""
     shown = []
     for run in runs:
-        workers = tuple(_with_status(w, ActorStatus.ALIVE if w.actor_id in alive else ActorStatus.DEAD) for w in run.workers)
+        workers = tuple(
+            _with_status(w, ActorStatus.ALIVE if w.actor_id in alive else ActorStatus.DEAD) for w in run.workers
+        )
         changes: dict[str, Any] = {"workers": workers}
         controller_gone = run.controller_actor_id is not None and run.controller_actor_id not in alive
         if not run.run_status.is_terminal and controller_gone:
