@@ -12,6 +12,7 @@ from conftest import make_tree, new_bucket, tree_contents
 
 from elastrain.durable import CheckpointCorruptedError, CheckpointStore, StorageError
 from elastrain_testutils.storage_servers import ACCESS_KEY, SECRET_KEY, FakeGcs, MotoS3, SeaweedS3
+from elastrain_testutils.waiting import wait_until
 
 Server = MotoS3 | SeaweedS3 | FakeGcs
 
@@ -100,6 +101,10 @@ def test_server_killed_mid_upload(seaweed_s3: SeaweedS3, tmp_path: Path, tree: P
         first = store.save(tree, step=0)
         big = make_tree(tmp_path / "big", big_bytes=64 << 20)
         future = store.save_async(big, step=1)
+        # Kill the server once the upload has begun (its marker is written first).
+        wait_until(
+            lambda: remote_names(store, f"{store.location.root}/_pending"), timeout_s=30, what="the upload to start"
+        )
         seaweed_s3.kill()
         with pytest.raises(StorageError, match="uploading"):
             future.result(120)

@@ -322,3 +322,18 @@ def test_bad_save_and_restore_arguments(tmp_path: Path, tree: Path) -> None:
             store.best()
     with pytest.raises(RuntimeError, match="closed"):
         store.save(tree)
+
+
+def test_writers_taking_turns_never_reuse_or_reorder_sequences(tmp_path: Path, tree: Path) -> None:
+    """Elastic state is persisted by whichever worker is rank 0: the store looks up the sequence at every save."""
+    root = tmp_path / "store"
+    with CheckpointStore(root, num_to_keep=2) as first, CheckpointStore(root, num_to_keep=2) as second:
+        first.save(tree, step=1)
+        second.save(tree, step=2)
+        third = first.save(tree, step=3)
+        first.wait()
+        second.wait()
+        latest = first.latest()
+        assert latest is not None
+        assert latest.name == third.name
+        assert [c.step for c in second.list()] == [2, 3]

@@ -15,6 +15,7 @@ import string
 import subprocess
 
 from elastrain.durable._private.errors import CommandFailedError, StorageTimeoutError
+from elastrain.durable._private.location import redact
 from elastrain.durable._private.sync_client import SyncClient
 
 _STDERR_TAIL = 2000
@@ -66,8 +67,9 @@ class CommandSyncClient(SyncClient):
             ) from None
         if process.returncode != 0:
             tail = (stderr or "").strip()[-_STDERR_TAIL:]
+            # Only the program is named: the rest of a command line may carry credentials.
             raise CommandFailedError(
-                f"Command {shlex.join(argv)} exited with status {process.returncode}: {tail or '(no output)'}"
+                f"Command {argv[0]!r} exited with status {process.returncode}: {redact(tail, ()) or '(no output)'}"
             )
 
 

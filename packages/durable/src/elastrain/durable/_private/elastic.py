@@ -6,7 +6,6 @@ executor. The object is built on the driver and shipped to the workers: each wor
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import pickle
@@ -26,10 +25,11 @@ _STATE_FILE = "state.pkl"
 class StatePersistence:
     """``state.persist_with(StatePersistence("s3://bucket/job", every=10))``.
 
-    Rank 0 pickles the committed copy every ``every`` commits and saves it in the background (the training
-    thread only hands the copy over; if the previous upload still runs, it waits for it). When a job starts
-    with no committed state anywhere, every worker loads the latest persisted one. Snapshots are pickles:
-    load only from storage you trust, as with ``torch.load``.
+    Rank 0 pickles the committed copy every ``every`` commits and saves it in the background: the training
+    thread only hands the copy over and never waits (while an upload runs, the newest copy waits its turn and
+    older ones are dropped, so a slow store persists less often, never blocks a collective). When a job starts
+    with no committed state anywhere, every worker loads the latest persisted one (falling back to an older
+    one if it is corrupted). Snapshots are pickles: load only from storage you trust, as with ``torch.load``.
     """
 
     def __init__(
@@ -57,9 +57,12 @@ class StatePersistence:
 
     def _local(self) -> None:
         self._store: CheckpointStore | None = None
-        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
+        self._queued: tuple[Any, int] | None = None  # the newest copy waiting for the upload in flight
+        self._writing = False  # a writer thread is running (changed only under _lock)
+        self._idle = threading.Event()
+        self._idle.set()
+        self._last_error: BaseException | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"uri": self.uri, "every": self.every, "_store_options": self._store_options}
@@ -83,11 +86,12 @@ class StatePersistence:
     def committed(self, state: Any) -> None:
         if state.commits % self.every:
             return
-        if self._pending is not None:
-            concurrent.futures.wait([self._pending])  # one upload at a time: the only wait
-        if self._writer is None:
-            self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="elastrain-persist")
-        self._pending = self._writer.submit(self._persist, state.snapshot(), state.commits)
+        with self._lock:
+            self._queued = (state.snapshot(), state.commits)
+            self._idle.clear()
+            if not self._writing:
+                self._writing = True
+                threading.Thread(target=self._write_queued, name="elastrain-persist", daemon=True).start()
 
     def latest(self) -> str | None:
         checkpoint = self.store.latest()
@@ -96,26 +100,42 @@ class StatePersistence:
     def load(self, name: str) -> tuple[Any, int]:
         with tempfile.TemporaryDirectory(prefix="elastrain-persist-") as scratch:
             target = os.path.join(scratch, "state")
-            checkpoint = self.store.restore(name, local_dir=target)
+            checkpoint = self.store.restore(name, local_dir=target, fallback=True)
             with open(os.path.join(target, _STATE_FILE), "rb") as reader:
                 snapshot = pickle.load(reader)  # noqa: S301 - the job's own state, from its own store
         commits = int(checkpoint.metrics["commits"])
         logger.info("Loaded persisted state %s (commit %d).", checkpoint.uri, commits)
         return snapshot, commits
 
-    def flush(self) -> None:
-        """Wait for the upload in flight; raise its error."""
-        if self._pending is not None:
-            self._pending.result()
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until the newest handed-over copy is persisted; raise the last upload's error, if any."""
+        if not self._idle.wait(timeout):
+            raise TimeoutError(f"Persisting state to {self.uri} is still running after {timeout} s.")
+        error, self._last_error = self._last_error, None
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         try:
             self.flush()
         finally:
-            if self._writer is not None:
-                self._writer.shutdown(wait=True)
             if self._store is not None:
                 self._store.close()
+
+    def _write_queued(self) -> None:
+        while True:
+            with self._lock:
+                queued, self._queued = self._queued, None
+                if queued is None:
+                    self._writing = False
+                    self._idle.set()
+                    return
+            try:
+                self._persist(*queued)
+                self._last_error = None
+            except Exception as error:  # reported here and by flush(); training goes on
+                self._last_error = error
+                logger.warning("Persisting elastic state (commit %d) failed: %s", queued[1], error)
 
     def _persist(self, snapshot: Any, commits: int) -> None:
         scratch = tempfile.mkdtemp(prefix="elastrain-persist-")

@@ -72,8 +72,11 @@ class FsspecSyncClient(SyncClient):
 
         def targets(found: list[str]) -> list[tuple[str, str]]:
             pairs = []
+            root = os.path.realpath(local_dir)
             for path in found:
-                target = os.path.join(local_dir, *path[len(base) + 1 :].split("/"))
+                target = os.path.realpath(os.path.join(local_dir, *path[len(base) + 1 :].split("/")))
+                if not target.startswith(root + os.sep):
+                    raise ValueError(f"Refusing to download {path!r}: its key points outside the target folder.")
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 pairs.append((path, target))
             return pairs

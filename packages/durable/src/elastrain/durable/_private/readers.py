@@ -98,4 +98,6 @@ class Readers:
         try:
             self.retry(lambda left: self.client.delete(uri, timeout_s=left), "removing a reader lease")
         except Exception as error:  # an expired lease left behind is removed by the next collection
-            logger.warning("Could not remove reader lease %s (%s).", uri, self.redact(str(error)))
+            logger.warning(
+                "Could not remove a reader lease under %s (%s).", self.location.display, self.redact(str(error))
+            )

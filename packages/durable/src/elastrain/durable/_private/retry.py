@@ -42,7 +42,10 @@ def with_retries(
             raise StorageTimeoutError(f"Gave up {what}: its deadline of {timeout_s:.1f} s passed.")
         try:
             return operation(left)
-        except _PERMANENT:
+        except _PERMANENT as error:
+            cleaned = redact(str(error), secrets)
+            if cleaned != str(error):  # the message carried a credential: the same error, without it
+                raise type(error)(cleaned) from None
             raise
         except DurableError as error:
             if not isinstance(error, StorageError):

@@ -28,6 +28,8 @@ from typing import Any
 
 from elastrain.durable._private import checkpoint as ckpt
 from elastrain.durable._private.checkpoint import Checkpoint
+from elastrain.durable._private.checks import check_options, check_writable
+from elastrain.durable._private.collection import Collector
 from elastrain.durable._private.errors import CheckpointCorruptedError, CheckpointNotFoundError
 from elastrain.durable._private.futures import CheckpointFuture
 from elastrain.durable._private.location import import_backend, parse_location, redact, secret_values
@@ -65,7 +67,7 @@ class CheckpointStore:
         retries: int = 3,
         staging_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        _check_options(num_to_keep, score_attribute, score_order, timeout_s, retries)
+        check_options(num_to_keep, score_attribute, score_order, timeout_s, retries)
         self.location = parse_location(uri)
         self.num_to_keep = num_to_keep
         self.score_attribute = score_attribute
@@ -79,7 +81,7 @@ class CheckpointStore:
             raise TypeError(f"sync_client must be a SyncClient, got {type(sync_client).__name__}.")
         self.client = sync_client if sync_client is not None else _default_client(self.location, storage_options)
         if self.location.is_local and sync_client is None:
-            _check_writable(self.location.local_path(), "the store's folder")
+            check_writable(self.location.local_path(), "the store's folder")
         self._staging_parent = None if staging_dir is None else os.fspath(staging_dir)
         self._staging_root: str | None = None
         self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="elastrain-durable-upload")
@@ -89,7 +91,10 @@ class CheckpointStore:
         self._save_lock = threading.Lock()
         self._pending: CheckpointFuture | None = None
         self._manifests: dict[str, Checkpoint] = {}
+        self._manifest_lock = threading.Lock()
+        self._failed_uploads: set[str] = set()  # touched only by the upload thread
         self._readers = Readers(self.location, self.client, self._retry, self._redact)
+        self._collector = Collector(self.location, self.client, self._retry, self._list_names, self._readers)
         self._next_sequence: int | None = None
         self._closed = False
 
@@ -153,8 +158,13 @@ class CheckpointStore:
             self._check_open()
             if not source.is_dir():
                 raise NotADirectoryError(f"save needs a folder of checkpoint files; {str(source)!r} is not one.")
-            if self._pending is not None:
-                concurrent.futures.wait([self._pending._future])
+            previous = self._pending
+            if previous is not None:
+                concurrent.futures.wait([previous._future])
+                error = previous._future.exception()
+                if error is not None and not previous.observed:
+                    logger.warning("The previous upload failed and nobody looked: %s", self._redact(str(error)))
+                    previous.observed = True
             if staging is None:
                 staged, owned = source, False
             else:
@@ -189,8 +199,10 @@ class CheckpointStore:
         # Checksums are computed while the files upload (both read the same pages; hashlib releases the GIL).
         hashing = self._hashing.submit(describe, staged)
         try:
+            name = ""
             sequence = self._allocate_sequence()
             name = ckpt.new_name(sequence)
+            self._collector.mark_pending(name, self.timeout_s)
             data_uri = self.location.join(name)
             self._retry(
                 lambda left: self.client.upload(str(staged), data_uri, timeout_s=left),
@@ -205,12 +217,18 @@ class CheckpointStore:
                 lambda left: self.client.write_bytes(self._manifest_uri(name), manifest, timeout_s=left),
                 f"committing {self.location.display_join(name)}",
             )
+        except BaseException:
+            if name:
+                self._failed_uploads.add(name)  # collected by the next commit's collection
+            raise
         finally:
             concurrent.futures.wait([hashing])
             if owned:
                 shutil.rmtree(staged, ignore_errors=True)
+        self._collector.clear_pending(name)
         checkpoint = ckpt.decode_manifest(manifest, self.location.display_join(name))
-        self._manifests[name] = checkpoint
+        with self._manifest_lock:
+            self._manifests[name] = checkpoint
         logger.info("Committed %s (%d files, %d bytes).", checkpoint.uri, len(files), checkpoint.total_bytes)
         return checkpoint
 
@@ -219,11 +237,10 @@ class CheckpointStore:
             self._collect_garbage(upload.result().sequence)
 
     def _allocate_sequence(self) -> int:
-        if self._next_sequence is None:
-            names = self._list_names(self.location.join(ckpt.MANIFEST_DIR)) + self._list_names(self.location.root)
-            sequences = [s for s in map(ckpt.sequence_of, names) if s is not None]
-            self._next_sequence = max(sequences, default=0) + 1
-        sequence, self._next_sequence = self._next_sequence, self._next_sequence + 1
+        """Above everything in the store, looked up at every save: another writer may have taken over meanwhile
+        (elastic state persisted by whichever worker is rank 0)."""
+        sequence = max(self._collector.highest_sequence() + 1, self._next_sequence or 0)
+        self._next_sequence = sequence + 1
         return sequence
 
     # -- reading ---------------------------------------------------------------------------------------------
@@ -264,13 +281,22 @@ class CheckpointStore:
         target = Path(local_dir)
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise FileExistsError(f"restore writes into a new or empty folder; {str(target)!r} is not empty.")
-        _check_writable(str(target.parent), "the folder to restore into")
+        check_writable(str(target.parent), "the folder to restore into")
         candidates = self._restore_candidates(checkpoint, fallback)
         for index, candidate in enumerate(candidates):
             try:
                 with self._readers.reading(candidate.name, lease_s=self.timeout_s + _LEASE_MARGIN_S):
+                    # Look again now that the lease is there: collection may have taken it just before.
+                    if self._read_manifest(candidate.name) is None:
+                        raise CheckpointNotFoundError(
+                            f"{candidate.uri} was collected while the restore began; committed now: "
+                            f"{', '.join(c.name for c in self.list()) or 'none'}."
+                        )
                     self._restore_one(candidate, target)
                 return candidate
+            except CheckpointNotFoundError:
+                if index + 1 == len(candidates):
+                    raise
             except CheckpointCorruptedError as error:
                 if index + 1 == len(candidates):
                     raise
@@ -370,41 +396,17 @@ class CheckpointStore:
     # -- garbage collection ------------------------------------------------------------------------------------
 
     def _collect_garbage(self, committed_sequence: int) -> None:
-        """Delete what the keep rules drop, then unfinished uploads older than this commit. Never raises."""
+        """Delete what the keep rules drop, then abandoned uploads. Never raises: the next commit retries."""
         try:
-            committed = self._committed()
             doomed: builtins.list[str] = []
             if self.num_to_keep is not None:
+                committed = self._committed()
                 keep = ckpt.checkpoints_to_keep(committed, self.num_to_keep, self.score_attribute, self.score_order)
                 kept = {c.name for c in keep}
                 doomed = [c.name for c in committed if c.name not in kept]
-            unfinished = self._unfinished(committed, committed_sequence)
-            busy = self._readers.busy() if doomed or unfinished else set()
-            for name in doomed:
-                if name in busy:
-                    continue  # a restore reads it: the next collection takes it
-                self._delete(self.location.join(ckpt.MANIFEST_DIR, name))  # uncommit first
-                self._manifests.pop(name, None)
-                self._delete(self.location.join(name))
-                logger.info("Collected %s.", self.location.display_join(name))
-            for name in unfinished:
-                if name not in busy:
-                    self._delete(self.location.join(name))
-                    logger.info("Removed unfinished upload %s.", self.location.display_join(name))
+            self._collector.collect(doomed, committed_sequence, self._failed_uploads)
         except Exception as error:
             logger.warning("Garbage collection under %s failed: %s", self.location.display, self._redact(str(error)))
-
-    def _unfinished(self, committed: builtins.list[Checkpoint], before_sequence: int) -> builtins.list[str]:
-        """Checkpoint folders without a manifest, started before ``before_sequence`` (their writer is gone)."""
-        names = {c.name for c in committed}
-        return [
-            name
-            for name in self._list_names(self.location.root)
-            if (sequence := ckpt.sequence_of(name)) is not None and name not in names and sequence < before_sequence
-        ]
-
-    def _delete(self, uri: str) -> None:
-        self._retry(lambda left: self.client.delete(uri, timeout_s=left), "deleting a checkpoint")
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
@@ -414,10 +416,12 @@ class CheckpointStore:
         for name in names:
             checkpoint = self._manifests.get(name) or self._read_manifest(name)
             if checkpoint is not None:
-                self._manifests[name] = checkpoint
+                with self._manifest_lock:
+                    self._manifests[name] = checkpoint
                 found.append(checkpoint)
-        for gone in set(self._manifests) - set(names):
-            del self._manifests[gone]
+        with self._manifest_lock:
+            for gone in set(self._manifests) - set(names):
+                self._manifests.pop(gone, None)
         return sorted(found, key=lambda c: c.sequence)
 
     def _read_manifest(self, name: str) -> Checkpoint | None:
@@ -452,7 +456,7 @@ class CheckpointStore:
     def _staging(self) -> str:
         if self._staging_root is None:
             if self._staging_parent is not None:
-                _check_writable(self._staging_parent, "staging_dir")
+                check_writable(self._staging_parent, "staging_dir")
             self._staging_root = tempfile.mkdtemp(prefix="elastrain-durable-staging-", dir=self._staging_parent)
         return self._staging_root
 
@@ -475,29 +479,3 @@ def _default_client(location: Any, storage_options: Mapping[str, Any] | None) ->
     import fsspec
 
     return FsspecSyncClient(fsspec.filesystem(location.protocol, **dict(storage_options or {})))
-
-
-def _check_options(
-    num_to_keep: int | None, score_attribute: str | None, score_order: str, timeout_s: float, retries: int
-) -> None:
-    if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int)):
-        raise TypeError(f"num_to_keep must be a positive int or None (keep all), got {num_to_keep!r}.")
-    if num_to_keep is not None and num_to_keep < 1:
-        raise ValueError(f"num_to_keep must be at least 1 (or None to keep all), got {num_to_keep}.")
-    if score_attribute is not None and (not isinstance(score_attribute, str) or not score_attribute):
-        raise ValueError(f"score_attribute must be a metric name, got {score_attribute!r}.")
-    if score_order not in ("max", "min"):
-        raise ValueError(f"score_order must be 'max' or 'min', got {score_order!r}.")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}.")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be a non-negative int, got {retries!r}.")
-
-
-def _check_writable(path: str, what: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as error:
-        raise PermissionError(f"Cannot create {what} {path!r} ({error.strerror}); choose a writable folder.") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PermissionError(f"{what.capitalize()} {path!r} is not writable; choose a writable folder.")

@@ -37,6 +37,7 @@ class StateActor:
     ) -> None:
         self.table = RunTable(max_runs)
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one snapshot write at a time, so an older one never lands last
         self._dirty = False
         self._snapshots = Snapshots(snapshot_uri) if snapshot_uri else None
         self._interval = snapshot_interval_s
@@ -155,10 +156,15 @@ class StateActor:
     def _write_snapshot(self) -> None:
         if self._snapshots is None:
             return
-        with self._lock:
-            runs = self.table.all()
-            self._dirty = False
-        self._snapshots.write(runs)
+        with self._write_lock:
+            with self._lock:
+                runs = self.table.all()
+                self._dirty = False
+            try:
+                self._snapshots.write(runs)
+            except BaseException:
+                self._dirty = True  # the next round writes it again
+                raise
 
 
 def _may_become(current: RunStatus, new: RunStatus) -> bool:

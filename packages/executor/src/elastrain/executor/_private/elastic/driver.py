@@ -31,8 +31,10 @@ _POLL_S = 0.05
 _STARTUP_FAILURES_BEFORE_BLACKLIST = 3
 # How often the driver reads the failures workers report.
 _FAILURE_POLL_S = 0.25
-# After a spare worker landed where it could not be used, no new spare for this long.
+# After a spare worker died or landed where it could not be used, no new spare for this long, doubling with
+# every further miss (a broken or blacklisted node with room would otherwise catch spare after spare).
 _SPARE_COOLDOWN_S = 30.0
+_SPARE_COOLDOWN_MAX_S = 600.0
 
 
 class ElasticJobError(ExecutorError):
@@ -103,6 +105,7 @@ class ElasticDriver:
         self.spare_worker = spare_worker
         self.watch = watch or RunWatch([])
         self._no_spare_until = 0.0
+        self._spare_misses = 0
 
     # -- the call --------------------------------------------------------------------------------------------
 
@@ -218,9 +221,10 @@ class ElasticDriver:
             worker.stopping = True
             ray.kill(worker.actor, no_restart=True)
             self._forget(worker)
-            self._no_spare_until = time.monotonic() + _SPARE_COOLDOWN_S
+            self._spare_missed()
             return False
         worker.spare, worker.host_id = False, host_id
+        self._spare_misses = 0
         self.stats.spares_used += 1
         logger.info("Spare worker %s joins from new host %s.", worker.worker_id, host_id)
         self._drop_redundant_starts(ray, host_id, host.slots)
@@ -236,6 +240,11 @@ class ElasticDriver:
         ).remote()
         self._workers[worker_id] = _Worker(worker_id, host_id, actor, actor.prepare.remote())
         logger.info("Starting worker %s on host %s.", worker_id, host_id)
+
+    def _spare_missed(self) -> None:
+        cooldown = min(_SPARE_COOLDOWN_S * 2**self._spare_misses, _SPARE_COOLDOWN_MAX_S)
+        self._spare_misses += 1
+        self._no_spare_until = time.monotonic() + cooldown
 
     def _drop_redundant_starts(self, ray: Any, host_id: str, slots: int) -> None:
         """Workers still starting that an adopted spare made redundant: on its host, or beyond max_workers."""
@@ -293,6 +302,7 @@ class ElasticDriver:
         self._forget(worker)
         if worker.spare:
             logger.info("Spare worker %s went away: %s", worker.worker_id, reason)
+            self._spare_missed()
             return
         logger.warning("Worker %s on host %s died: %s", worker.worker_id, worker.host_id, reason)
         if worker.node is not None and not _node_alive(worker.node.node_id):

@@ -1,0 +1,147 @@
+"""Garbage collection and the bookkeeping it needs: which uploads are unfinished, and which are still going.
+
+An upload first writes a small marker, ``_pending/<checkpoint>.json``, holding when it started and how long it
+may take; the commit removes it. Collection treats a checkpoint folder as abandoned only when its marker is
+older than that deadline (its writer is gone; a slow one still running is left alone), or, where listing the
+store's root is cheap, when it has neither a manifest nor a marker and is older than the commit that runs the
+collection. Listing ``_pending`` instead of the root keeps clients without a cheap listing (commands) from
+copying the whole store to find out what is in it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from elastrain.durable._private import checkpoint as ckpt
+from elastrain.durable._private.location import Location
+from elastrain.durable._private.readers import Readers
+from elastrain.durable._private.sync_client import SyncClient
+
+logger = logging.getLogger("elastrain.durable")
+PENDING_DIR = "_pending"
+# A marker outlives its upload's deadline by this much before its folder counts as abandoned.
+_PENDING_MARGIN_S = 300.0
+
+
+class Collector:
+    def __init__(
+        self,
+        location: Location,
+        client: SyncClient,
+        retry: Callable[..., Any],
+        list_names: Callable[[str], list[str]],
+        readers: Readers,
+    ) -> None:
+        self.location = location
+        self.client = client
+        self.retry = retry
+        self.list_names = list_names
+        self.readers = readers
+        # Clients that override list_names list a folder cheaply; the default one downloads the folder.
+        self.cheap_root_listing = type(client).list_names is not SyncClient.list_names
+
+    # -- markers ---------------------------------------------------------------------------------------------
+
+    def mark_pending(self, name: str, deadline_s: float) -> None:
+        document = json.dumps({"started_at": time.time(), "deadline_s": deadline_s}).encode()
+        uri = self._marker(name)
+        self.retry(lambda left: self.client.write_bytes(uri, document, timeout_s=left), "marking an upload")
+
+    def clear_pending(self, name: str) -> None:
+        try:
+            self._delete(self._marker(name))
+        except Exception as error:  # a leftover marker of a committed checkpoint is removed by collection
+            logger.info("Could not remove the upload marker of %s (%s).", name, type(error).__name__)
+
+    def highest_sequence(self) -> int:
+        """The highest sequence committed, being uploaded, or (where cheap to list) present at all."""
+        names = self.list_names(self.location.join(ckpt.MANIFEST_DIR))
+        names += [_name_of_marker(marker) for marker in self.list_names(self.location.join(PENDING_DIR))]
+        if self.cheap_root_listing:
+            names += self.list_names(self.location.root)
+        return max((s for s in map(ckpt.sequence_of, names) if s is not None), default=0)
+
+    # -- collection ------------------------------------------------------------------------------------------
+
+    def collect(self, doomed: list[str], committed_sequence: int, failed: set[str]) -> None:
+        """Delete ``doomed`` committed checkpoints (manifest first), then abandoned uploads: those whose marker
+        is past its deadline, and ``failed`` (uploads of this store that failed; removed from the set once gone).
+        """
+        manifests = set(self.list_names(self.location.join(ckpt.MANIFEST_DIR)))
+        markers = {_name_of_marker(m): m for m in self.list_names(self.location.join(PENDING_DIR))}
+        abandoned = self._abandoned(manifests, markers, committed_sequence)
+        abandoned += [name for name in sorted(failed) if name not in abandoned and name not in manifests]
+        if not doomed and not abandoned and not (markers.keys() & manifests):
+            return
+        busy = self.readers.busy()
+        for name in doomed:
+            if name in busy:
+                continue  # a restore reads it: a later collection takes it
+            self._delete(self.location.join(ckpt.MANIFEST_DIR, name))  # uncommit first
+            if name in self.readers.busy():
+                # A reader leased it between the two looks: leave its files, marked abandoned for later.
+                self._write_abandoned_marker(name)
+                continue
+            self._delete(self.location.join(name))
+            logger.info("Collected %s.", self.location.display_join(name))
+        for name in abandoned:
+            if name in busy:
+                continue
+            self._delete(self.location.join(name))
+            if name in markers:
+                self._delete(self._marker_uri(markers[name]))
+            failed.discard(name)
+            logger.info("Removed unfinished upload %s.", self.location.display_join(name))
+        for name in markers.keys() & manifests:  # committed, but its marker was left behind
+            self._delete(self._marker_uri(markers[name]))
+
+    def _abandoned(self, manifests: set[str], markers: dict[str, str], committed_sequence: int) -> list[str]:
+        found = []
+        now = time.time()
+        for name, marker in markers.items():
+            if name in manifests:
+                continue
+            started_at, deadline_s = self._read_marker(marker)
+            if now - started_at > deadline_s + _PENDING_MARGIN_S:
+                found.append(name)
+        if self.cheap_root_listing:
+            for name in self.list_names(self.location.root):
+                sequence = ckpt.sequence_of(name)
+                if sequence is None or name in manifests or name in markers or name in found:
+                    continue
+                if sequence < committed_sequence:  # a writer that died before it could even leave a marker
+                    found.append(name)
+        return found
+
+    def _read_marker(self, marker: str) -> tuple[float, float]:
+        uri = self._marker_uri(marker)
+        try:
+            data = self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), "reading an upload marker")
+            document = json.loads(data)
+            return float(document["started_at"]), float(document["deadline_s"])
+        except FileNotFoundError:
+            return time.time(), float("inf")  # just committed or removed: not abandoned
+        except (ValueError, KeyError, TypeError):
+            return 0.0, 0.0  # unreadable: abandoned
+
+    def _write_abandoned_marker(self, name: str) -> None:
+        document = json.dumps({"started_at": 0.0, "deadline_s": 0.0}).encode()
+        uri = self._marker(name)
+        self.retry(lambda left: self.client.write_bytes(uri, document, timeout_s=left), "marking an abandoned upload")
+
+    def _marker(self, name: str) -> str:
+        return self._marker_uri(f"{name}.json")
+
+    def _marker_uri(self, marker: str) -> str:
+        return self.location.join(PENDING_DIR, marker)
+
+    def _delete(self, uri: str) -> None:
+        self.retry(lambda left: self.client.delete(uri, timeout_s=left), "deleting a checkpoint")
+
+
+def _name_of_marker(marker: str) -> str:
+    return marker[: -len(".json")] if marker.endswith(".json") else marker
