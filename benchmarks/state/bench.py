@@ -38,6 +38,11 @@ def run_doc(index: int, status: str = "FINISHED") -> dict[str, Any]:
     ).model_dump(mode="json")  # fmt: skip
 
 
+def _p50_p99(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[max(0, round(len(ordered) * 0.99) - 1)]
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -53,6 +58,7 @@ def main() -> None:
 
     args = parse_args(__doc__ or "")
     per_driver = 100 if args.quick else 500
+    rounds = 100 if args.quick else 1_000
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory(prefix="elastrain-state-bench-") as scratch:
         named = get_or_create_state_actor(max_runs=20_000)
@@ -75,49 +81,53 @@ def main() -> None:
             throughput[kind] = DRIVERS * per_driver / (time.perf_counter() - started)
         ray.kill(named, no_restart=True)
 
-        # The latency ladder on a fresh actor of the same class (snapshots on, written only when asked).
-        actor = ray.remote(StateActor).options(num_cpus=0).remote(20_000, scratch, 3600.0)
-        pid = ray.get(actor.info.remote(), timeout=60)["pid"]
-
-        def page_latency(filters: dict[str, Any]) -> tuple[float, float]:
-            samples = []
-            for _ in range(200):
+        # The latency ladder: one fresh actor of the same class per size, requests interleaved across them so
+        # that the machine's noise falls on every size alike. Snapshots on, written only when asked.
+        sizes = (100, 1_000, 10_000)
+        actors = {
+            size: ray.remote(StateActor).options(num_cpus=0).remote(20_000, f"{scratch}/{size}", 3600.0)
+            for size in sizes
+        }
+        pids = {size: ray.get(actor.info.remote(), timeout=60)["pid"] for size, actor in actors.items()}
+        for size, actor in actors.items():
+            for start in range(0, size, 1_000):
+                ray.get(
+                    [actor.register_run.remote(run_doc(i)) for i in range(start, min(size, start + 1_000))], timeout=600
+                )
+        samples: dict[str, list[float]] = {str(size): [] for size in sizes} | {"filtered": []}
+        for _ in range(rounds):
+            for size, actor in actors.items():
                 started = time.perf_counter()
-                ray.get(actor.list_runs.remote(limit=50, **filters))
-                samples.append(time.perf_counter() - started)
-            samples.sort()
-            return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
-
-        latency: dict[int, tuple[float, float]] = {}
-        rss: dict[int, int] = {}
-        stored = 0
-        for target in (100, 1_000, 10_000):
-            ray.get([actor.register_run.remote(run_doc(i)) for i in range(stored, target)], timeout=600)
-            stored = target
-            latency[target] = page_latency({})
-            rss[target] = rss_bytes(pid)
-        filtered = page_latency({"status": "FINISHED", "job_id": f"{7:08x}"})
+                ray.get(actor.list_runs.remote(limit=50))
+                samples[str(size)].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            ray.get(actors[10_000].list_runs.remote(status="FINISHED", job_id=f"{7:08x}", limit=50))
+            samples["filtered"].append(time.perf_counter() - started)
+        latency = {name: _p50_p99(values) for name, values in samples.items()}
+        rss = {size: rss_bytes(pid) for size, pid in pids.items()}
         started = time.perf_counter()
-        ray.get(actor.flush.remote(), timeout=600)
+        ray.get(actors[10_000].flush.remote(), timeout=600)
         snapshot_s = time.perf_counter() - started
-        ray.kill(actor)
+        for actor in actors.values():
+            ray.kill(actor)
     ray.shutdown()
 
     rows = [
-        Row("page of 50 (median)", "10,000 stored runs", latency[10_000][0], "at 100 stored", latency[100][0], 2.0),
-        Row("page of 50 (p99)", "10,000 stored runs", latency[10_000][1], "at 100 stored", latency[100][1], 2.0),
-        Row("page of 50 (median)", "1,000 stored runs", latency[1_000][0], "at 100 stored", latency[100][0], None),
-        Row("filtered page (status + job, median)", "10,000 stored runs", filtered[0], "unfiltered at 10,000",
-            latency[10_000][0], None),
+        Row("page of 50 (median)", "10,000 stored runs", latency["10000"][0], "at 100 stored", latency["100"][0], 2.0),
+        Row("page of 50 (p99)", "10,000 stored runs", latency["10000"][1], "at 100 stored", latency["100"][1], 2.0),
+        Row("page of 50 (median)", "1,000 stored runs", latency["1000"][0], "at 100 stored", latency["100"][0], None),
+        Row("filtered page (status + job, median)", "10,000 stored runs", latency["filtered"][0],
+            "unfiltered at 10,000", latency["10000"][0], None),
     ]  # fmt: skip
     notes = {
         "drivers": DRIVERS,
+        "rounds": rounds,
         "registrations_per_s": round(throughput["register"]),
         "metric_updates_per_s": round(throughput["metrics"]),
         "snapshot_s_at_10000_runs": round(snapshot_s, 3),
         "actor_bytes_per_run": round((rss[10_000] - rss[100]) / 9_900),
         "workers_per_run": WORKERS_PER_RUN,
-        "page_latency_s": {str(k): {"p50": round(v[0], 6), "p99": round(v[1], 6)} for k, v in latency.items()},
+        "page_latency_s": {name: {"p50": round(v[0], 6), "p99": round(v[1], 6)} for name, v in latency.items()},
     }
     write_results("state", rows, args.output, notes=notes)
 
