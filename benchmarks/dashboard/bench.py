@@ -31,7 +31,7 @@ def seed_ray(actor: Any, start: int, stop: int, job_id: str, node_id: str) -> No
         workers = [
             TrainWorkerInfo(
                 actor_id=f"{index:024x}{rank:08x}", world_rank=rank, local_rank=rank, node_rank=0, node_id=node_id,
-                node_ip="127.0.0.1", pid=1000 + rank, gpu_ids=[], status=ActorStatusEnum.DEAD,
+                node_ip="127.0.0.1", pid=1000 + rank, gpu_ids=[], status=ActorStatusEnum.DEAD, resources={"CPU": 1.0},
             )
             for rank in range(WORKERS)
         ]  # fmt: skip
@@ -40,6 +40,7 @@ def seed_ray(actor: Any, start: int, stop: int, job_id: str, node_id: str) -> No
                 name=f"model-{index % 10}", id=f"{index:032x}", job_id=job_id, controller_actor_id=f"{index:032x}",
                 workers=workers, datasets=[], run_status=RunStatusEnum.FINISHED, status_detail="",
                 start_time_ms=1_700_000_000_000 + index, end_time_ms=1_700_000_100_000 + index,
+                resources=[{"CPU": 1.0}] * WORKERS,
             )
         )  # fmt: skip
     ray.get([actor.register_train_run.remote(run) for run in runs], timeout=600)

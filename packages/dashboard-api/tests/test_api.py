@@ -174,3 +174,43 @@ def test_nothing_secret_is_returned(serve: Any) -> None:
     assert "secret" not in body.lower()
     assert "/api/train/runs" in schema["paths"]
     assert "TrainRunInfo" in schema["components"]["schemas"]
+
+
+def test_the_cli_serves_the_api_of_a_running_cluster() -> None:
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import ray
+
+    store_runs(2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = ray.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "elastrain.dashboard_api._private.cli", "--address", address, "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+
+            def answered() -> dict[str, Any] | None:
+                if process.poll() is not None:
+                    raise AssertionError(f"the CLI exited: {process.stderr.read() if process.stderr else ''}")
+                try:
+                    body: dict[str, Any] = http.get("/api/train/runs").json()
+                except httpx.TransportError:
+                    return None
+                return body
+
+            body = wait_until(answered, timeout_s=60, what="the CLI to serve")
+            assert len(body["runs"]) == 2
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+        if process.stderr:
+            process.stderr.close()
