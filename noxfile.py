@@ -273,9 +273,11 @@ def bench(session: nox.Session, name: str) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job. Until the training demo lands: a discovery report of a local Ray cluster, watching changes."""
-    install_packages(session, "discovery")
-    session.run("elastrain-discovery", *(session.posargs or ["--watch", "3"]), env=RAY_ENV)
+    """The main job: an elastic training run on a local Ray that loses a worker and recovers, with checkpoints,
+    run tracking and the dashboard. ``-- --address ADDR --storage s3://...`` points it elsewhere."""
+    install_packages(session, "executor", "durable", "state", "dashboard-api", extras={"durable": ("s3", "gcs")})
+    session.install(*CONSTRAINTS, "torch", "numpy")
+    session.run("python", str(ROOT / "integration" / "demo" / "demo.py"), *session.posargs, env=RAY_ENV)
 
 
 @nox.session(python=False)
