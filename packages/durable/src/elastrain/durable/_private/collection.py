@@ -67,11 +67,11 @@ class Collector:
 
     # -- collection ------------------------------------------------------------------------------------------
 
-    def collect(self, doomed: list[str], committed_sequence: int, failed: set[str]) -> None:
+    def collect(self, doomed: list[str], committed_sequence: int, failed: set[str], manifests: set[str]) -> None:
         """Delete ``doomed`` committed checkpoints (manifest first), then abandoned uploads: those whose marker
         is past its deadline, and ``failed`` (uploads of this store that failed; removed from the set once gone).
+        ``manifests``: the names under ``_manifests`` (unreadable ones too: their files are never collected).
         """
-        manifests = set(self.list_names(self.location.join(ckpt.MANIFEST_DIR)))
         markers = {_name_of_marker(m): m for m in self.list_names(self.location.join(PENDING_DIR))}
         abandoned = self._abandoned(manifests, markers, committed_sequence)
         abandoned += [name for name in sorted(failed) if name not in abandoned and name not in manifests]

@@ -399,19 +399,23 @@ class CheckpointStore:
         """Delete what the keep rules drop, then abandoned uploads. Never raises: the next commit retries."""
         try:
             doomed: builtins.list[str] = []
+            listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR))  # one listing for the whole pass
             if self.num_to_keep is not None:
-                committed = self._committed()
+                committed = self._committed(listed)
                 keep = ckpt.checkpoints_to_keep(committed, self.num_to_keep, self.score_attribute, self.score_order)
                 kept = {c.name for c in keep}
                 doomed = [c.name for c in committed if c.name not in kept]
-            self._collector.collect(doomed, committed_sequence, self._failed_uploads)
+            self._collector.collect(doomed, committed_sequence, self._failed_uploads, set(listed))
         except Exception as error:
             logger.warning("Garbage collection under %s failed: %s", self.location.display, self._redact(str(error)))
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
-    def _committed(self) -> builtins.list[Checkpoint]:
-        names = [n for n in self._list_names(self.location.join(ckpt.MANIFEST_DIR)) if ckpt.sequence_of(n)]
+    def _committed(self, listed: builtins.list[str] | None = None) -> builtins.list[Checkpoint]:
+        """Committed checkpoints, from ``listed`` (the names under ``_manifests``) or a fresh listing."""
+        if listed is None:
+            listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR))
+        names = [n for n in listed if ckpt.sequence_of(n)]
         found = []
         for name in names:
             checkpoint = self._manifests.get(name) or self._read_manifest(name)

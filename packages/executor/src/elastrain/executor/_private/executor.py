@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
 from elastrain.executor._private.errors import ExecutorNotStartedError
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
-from elastrain.executor._private.observers import RunWatch, worker_record
+from elastrain.executor._private.observers import RunWatch, run_name, run_record, worker_record
 from elastrain.executor._private.options import ExecutorOptions, check_options
 from elastrain.executor._private.placement import (
     NodeInfo,
@@ -290,7 +290,7 @@ class RayExecutor:
             return self._elastic.run(fn, args or (), kwargs or {}, _check_callbacks(callbacks))
         calls = self._require_started()
         payload = _put((fn, tuple(args or ()), dict(kwargs or {})))
-        return self._call_all(calls, lambda actor, call_id: actor.run.remote(payload, call_id), callbacks, _name_of(fn))
+        return self._call_all(calls, lambda actor, call_id: actor.run.remote(payload, call_id), callbacks, run_name(fn))
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Sequence[Callback] | None = None) -> list[Any]:
         """Run ``fn(executable)`` on every worker, with the instance built from ``executable_cls``."""
@@ -298,7 +298,7 @@ class RayExecutor:
         calls = self._require_started()
         payload = _put(fn)
         return self._call_all(
-            calls, lambda actor, call_id: actor.execute.remote(payload, call_id), callbacks, _name_of(fn)
+            calls, lambda actor, call_id: actor.execute.remote(payload, call_id), callbacks, run_name(fn)
         )
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
@@ -324,7 +324,7 @@ class RayExecutor:
         if callbacks:
             self._calls_with_callbacks += 1
             call_id = self._calls_with_callbacks
-        watch = RunWatch.start(self._run_record(calls, name))
+        watch = RunWatch.start(lambda: self._run_record(calls, name))
         try:
             with delivering(self._sink, callbacks, call_id, _CALLBACK_DRAIN_S):
                 results = calls.gather([submit(actor, call_id) for actor in calls.actors])
@@ -335,23 +335,12 @@ class RayExecutor:
         return results
 
     def _run_record(self, calls: WorkerCalls, name: str) -> dict[str, Any]:
-        """What run observers learn of a call: its workers by rank, where they run, and who controls them."""
-        import ray
-
+        """What run observers learn of a call: its workers by rank, and where they run."""
         workers = [
             worker_record(actor, p.slot.rank, p.slot.local_rank, p.node_rank, p.node)
             for actor, p in zip(calls.actors, self._placements, strict=True)
         ]
-        return {
-            "name": name,
-            "job_id": ray.get_runtime_context().get_job_id(),
-            # The executor's message actor lives exactly as long as the executor: when it is gone, so is the run.
-            "controller_actor_id": self._sink._actor_id.hex() if self._sink is not None else None,
-            "workers": workers,
-            "world_size": len(workers),
-            "min_workers": None,
-            "max_workers": None,
-        }
+        return run_record(name, self._sink, workers, len(workers))
 
     def _not_in_elastic_mode(self, method: str) -> None:
         if self.options.elastic:
@@ -380,10 +369,6 @@ def _put(value: Any) -> Any:
 
     data = cloudpickle.dumps(value)
     return ray.put(data) if len(data) > _INLINE_PAYLOAD_BYTES else data
-
-
-def _name_of(fn: Any) -> str:
-    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _check_callbacks(callbacks: Sequence[Callback] | None) -> list[Callback]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 logger = logging.getLogger("elastrain.executor")
@@ -49,11 +49,15 @@ class RunWatch:
         self._handles = handles
 
     @classmethod
-    def start(cls, run: dict[str, Any]) -> RunWatch:
-        if not tracking_enabled():
+    def start(cls, describe: Callable[[], dict[str, Any]]) -> RunWatch:
+        """Start watching the run ``describe()`` returns; it is called only when someone observes (a call's hot
+        path pays nothing without observers)."""
+        factories = _load_factories() if tracking_enabled() else []
+        if not factories:
             return cls([])
+        run = describe()
         handles: list[tuple[str, Any]] = []
-        for factory in _load_factories():
+        for factory in factories:
             name = getattr(factory, "__qualname__", repr(factory))
             try:
                 handle = factory().start_run(run)
@@ -81,6 +85,33 @@ class RunWatch:
             except Exception as error:
                 logger.warning("Run observer %s failed in %s (%s); it stops observing this run.", name, method, error)
                 self._handles.remove(entry)
+
+
+def run_name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__)
+
+
+def run_record(
+    name: str,
+    controller: Any,
+    workers: list[dict[str, Any]],
+    world_size: int,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+) -> dict[str, Any]:
+    """What observers learn of a run. ``controller``: an actor that lives exactly as long as the run's executor
+    (its message actor), so that a run whose controller is gone is known to be abandoned."""
+    import ray
+
+    return {
+        "name": name,
+        "job_id": ray.get_runtime_context().get_job_id(),
+        "controller_actor_id": controller._actor_id.hex() if controller is not None else None,
+        "workers": workers,
+        "world_size": world_size,
+        "min_workers": min_workers,
+        "max_workers": max_workers,
+    }
 
 
 def worker_record(actor: Any, rank: int, local_rank: int, node_rank: int, node: Any) -> dict[str, Any]:

@@ -108,12 +108,9 @@ class StateActor:
 
     def info(self) -> dict[str, Any]:
         """Counts and snapshot facts, for health checks and the dashboard's metrics."""
-        counts: dict[str, int] = {status.value: 0 for status in RunStatus}
-        for run in self.table.all():
-            counts[run.run_status.value] += 1
         return {
             "runs": len(self.table),
-            "by_status": counts,
+            "by_status": self.table.count_by_status(),
             "max_runs": self.table.max_runs,
             "persistent": self._snapshots is not None,
             "last_snapshot_s": None if self._snapshots is None else self._snapshots.last_write_s,

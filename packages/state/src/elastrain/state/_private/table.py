@@ -32,6 +32,10 @@ class RunTable:
     def get(self, run_id: str) -> TrainRunInfo | None:
         return self._runs.get(run_id)
 
+    def count_by_status(self) -> dict[str, int]:
+        """Runs per status, from the indexes (no scan)."""
+        return {status.value: len(self._indexes.get(("status", status.value), [])) for status in RunStatus}
+
     def all(self) -> list[TrainRunInfo]:
         return [self._runs[key[1]] for key in self._order]
 

@@ -10,7 +10,7 @@ from elastrain.executor._private.elastic.coordinator import Coordinator
 from elastrain.executor._private.elastic.driver import ElasticDriver, ElasticStats
 from elastrain.executor._private.elastic.runtime import ElasticOptions
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
-from elastrain.executor._private.observers import RunWatch
+from elastrain.executor._private.observers import RunWatch, run_name, run_record
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import control_actor_options
 from elastrain.executor._private.settings import ExecutorSettings
@@ -64,15 +64,7 @@ class ElasticSession:
         self.calls += 1
         call_id = self.calls if callbacks else 0
         watch = RunWatch.start(
-            {
-                "name": str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "elastic_run")),
-                "job_id": ray.get_runtime_context().get_job_id(),
-                "controller_actor_id": self.sink._actor_id.hex(),
-                "workers": [],
-                "world_size": 0,
-                "min_workers": self.options.num_workers,
-                "max_workers": self.options.max_workers,
-            }
+            lambda: run_record(run_name(fn), self.sink, [], 0, self.options.num_workers, self.options.max_workers)
         )
         driver = ElasticDriver(
             options=self.options,
