@@ -7,6 +7,7 @@ sessions that install torch use pip, never uv, because only pip sees the local C
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -15,7 +16,9 @@ import tempfile
 import tomllib
 import xml.etree.ElementTree as ElementTree
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -53,6 +56,31 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tempfile.gettempdir()}
 BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if (p / "bench.py").is_file())
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
+# Every venv that holds torch and Ray takes 2-3 GB; CI machines may have less disk than all of them need at
+# once, so `ci` discards each venv when its session ends (ELASTRAIN_KEEP_VENVS=1 keeps them for reuse).
+DISCARD_VENVS_ENV = "ELASTRAIN_DISCARD_VENVS"
+
+
+def discards_venv_in_ci(function: Callable[..., None]) -> Callable[..., None]:
+    """Remove the session's venv when it ends, pass or fail, while `ci` asks for it."""
+
+    @functools.wraps(function)
+    def wrapper(session: nox.Session, *args: Any, **kwargs: Any) -> None:
+        try:
+            function(session, *args, **kwargs)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if os.environ.get(DISCARD_VENVS_ENV) == "1" and location and Path(location).is_dir():
+                shutil.rmtree(location, ignore_errors=True)
+                session.log(f"Discarded {location} to keep disk use low; {_free_disk()} free.")
+
+    return wrapper
+
+
+def _free_disk() -> str:
+    return f"{shutil.disk_usage(ROOT).free / 2**30:.1f} GiB"
+
+
 nox.options.error_on_missing_interpreters = True
 
 
@@ -90,6 +118,7 @@ def install_packages(session: nox.Session, *folders: str, extras: dict[str, tupl
 
 @nox.session(python=PYTHON)
 @nox.parametrize("package", list(PACKAGES), ids=list(PACKAGES))
+@discards_venv_in_ci
 def tests(session: nox.Session, package: str) -> None:
     """One package's test suite, in a venv that holds only that package, its siblings and test tools."""
     install_packages(session, package, *TEST_SIBLINGS.get(package, ()), extras={package: TEST_EXTRAS.get(package, ())})
@@ -171,6 +200,7 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
 
 
 @nox.session(python=PYTHON)
+@discards_venv_in_ci
 def tests_horovod(session: nox.Session) -> None:
     """The executor's horovod backend against a real Horovod build (~8 min the first time, then cached)."""
     install_packages(session, "executor")
@@ -191,6 +221,7 @@ def tests_horovod(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+@discards_venv_in_ci
 def lint(session: nox.Session) -> None:
     """ruff (one config for the repository) and the repository's own layout checks."""
     session.install(*CONSTRAINTS, "ruff")
@@ -200,6 +231,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+@discards_venv_in_ci
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on each package's src/, one package at a time."""
     install_packages(session, *PACKAGES)
@@ -217,6 +249,7 @@ def typecheck(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+@discards_venv_in_ci
 def build(session: nox.Session) -> None:
     """Build every wheel, check none ships elastrain/__init__.py, then install and import them in clean venvs."""
     session.install(*CONSTRAINTS, "build", "hatchling")
@@ -286,6 +319,9 @@ def ci(session: nox.Session) -> None:
     summary."""
     shutil.rmtree(RESULTS, ignore_errors=True)
     RESULTS.mkdir()
+    if os.environ.get("ELASTRAIN_KEEP_VENVS") != "1":
+        os.environ[DISCARD_VENVS_ENV] = "1"
+    session.log(f"{_free_disk()} free on the disk that holds .nox/; each session's venv goes when it ends.")
     (RESULTS / "expected.json").write_text(json.dumps([f"tests-{p}.xml" for p in [*PACKAGES, "horovod"]]))
     for name in ["lint", "typecheck", *(f"tests({p})" for p in PACKAGES), "tests_horovod", "build", "ci_summary"]:
         session.notify(name)
