@@ -53,6 +53,7 @@ TEST_SIBLINGS: dict[str, tuple[str, ...]] = {
 # Ray puts its sockets under the temp dir; nox's per-session TMPDIR makes those paths longer than a unix
 # socket allows, and Ray's workers then never register. Keep Ray's temp dir short.
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tempfile.gettempdir()}
+SCENARIOS = tomllib.loads((ROOT / "integration" / "scenarios.toml").read_text())
 BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if (p / "bench.py").is_file())
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
@@ -153,6 +154,7 @@ def install_chromium(session: nox.Session) -> None:
 
 # Horovod 0.28.1 is an sdist that only builds here with these settings (see DEVELOPERS.md); pip's wheel cache
 # keeps the result, so later sessions install it in seconds.
+HOROVOD_WHEELS = ROOT / ".horovod-wheels"  # keyed by nothing but the pins in constraints.txt
 HOROVOD_BUILD_ENV = {
     "HOROVOD_WITH_PYTORCH": "1",
     "HOROVOD_WITHOUT_MPI": "1",
@@ -190,7 +192,14 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
         "PATH": f"{Path(cmake).parent}:{os.environ['PATH']}",
     }
     try:
-        session.install(*CONSTRAINTS, "--no-build-isolation", "horovod[pytorch]", env=env, silent=not required)
+        # Built once into a folder of this checkout, so that later sessions (and CI's discarded venvs) install
+        # the wheel in seconds even where pip keeps no cache.
+        if not any(HOROVOD_WHEELS.glob("horovod-*.whl")):
+            session.run(
+                "python", "-m", "pip", "wheel", *CONSTRAINTS, "--no-deps", "--no-build-isolation", "horovod",
+                "-w", str(HOROVOD_WHEELS), env=env, silent=not required,
+            )  # fmt: skip
+        session.install(*CONSTRAINTS, "--find-links", str(HOROVOD_WHEELS), "horovod[pytorch]", env=env)
     except nox.command.CommandFailed:
         if required:
             raise
@@ -302,6 +311,37 @@ def bench(session: nox.Session, name: str) -> None:
         *(arg for arg in session.posargs if arg != "--no-horovod"),
         env={**RAY_ENV, "PYTHONPATH": str(ROOT / "benchmarks")},
     )
+    session.notify("bench_report")  # queued once, after every benchmark asked for
+
+
+@nox.session(python=PYTHON)
+def bench_report(session: nox.Session) -> None:
+    """benchmarks/results/REPORT.md (ratios against every baseline) and ratios.png from the result files."""
+    session.install(*CONSTRAINTS, "matplotlib")
+    session.run("python", str(ROOT / "benchmarks" / "report.py"))
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("scenario", list(SCENARIOS), ids=list(SCENARIOS))
+@discards_venv_in_ci
+def integration(session: nox.Session, scenario: str) -> None:
+    """One scenario of integration/scenarios.toml, in a venv holding only the packages it names."""
+    spec = SCENARIOS[scenario]
+    install_packages(session, *spec["packages"], extras={k: tuple(v) for k, v in spec.get("extras", {}).items()})
+    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *spec.get("requirements", ()))
+    if spec.get("horovod"):
+        install_horovod(session)
+    RESULTS.mkdir(exist_ok=True)
+    session.chdir(ROOT / "integration")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        spec["tests"],
+        f"--junitxml={RESULTS / f'integration-{scenario}.xml'}",
+        *session.posargs,
+        env={**RAY_ENV, **spec.get("env", {})},
+    )
 
 
 @nox.session(python=PYTHON)
@@ -313,17 +353,41 @@ def demo(session: nox.Session) -> None:
     session.run("python", str(ROOT / "integration" / "demo" / "demo.py"), *session.posargs, env=RAY_ENV)
 
 
+@nox.session(python=PYTHON)
+@discards_venv_in_ci
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml, mkdocs-material) built into site/ in strict mode: a broken link or
+    anchor, a page missing from the nav or a missing benchmark report fails it."""
+    session.install(*CONSTRAINTS, "mkdocs", "mkdocs-material")
+    site = ROOT / "site"
+    # NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner on every build (not a build warning).
+    env = {"NO_MKDOCS_2_WARNING": "1"}
+    session.run("mkdocs", "build", "--strict", "--clean", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site), env=env)
+    session.log(f"The site is in {site}; open {site / 'index.html'}.")
+
+
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
-    """Everything CI must pass: lint, types, every package's tests, the Horovod backend, the wheel build, and a
-    summary."""
+    """Everything CI must pass: lint, types, the docs site, every package's tests, the Horovod backend, the
+    integration matrix, the wheel build, and a summary."""
     shutil.rmtree(RESULTS, ignore_errors=True)
     RESULTS.mkdir()
     if os.environ.get("ELASTRAIN_KEEP_VENVS") != "1":
         os.environ[DISCARD_VENVS_ENV] = "1"
     session.log(f"{_free_disk()} free on the disk that holds .nox/; each session's venv goes when it ends.")
-    (RESULTS / "expected.json").write_text(json.dumps([f"tests-{p}.xml" for p in [*PACKAGES, "horovod"]]))
-    for name in ["lint", "typecheck", *(f"tests({p})" for p in PACKAGES), "tests_horovod", "build", "ci_summary"]:
+    reports = [f"tests-{p}.xml" for p in [*PACKAGES, "horovod"]] + [f"integration-{s}.xml" for s in SCENARIOS]
+    (RESULTS / "expected.json").write_text(json.dumps(reports))
+    sessions = [
+        "lint",
+        "typecheck",
+        "docs",
+        *(f"tests({p})" for p in PACKAGES),
+        "tests_horovod",  # builds Horovod once; integration(horovod) installs the same wheel
+        *(f"integration({s})" for s in SCENARIOS),
+        "build",
+        "ci_summary",
+    ]
+    for name in sessions:
         session.notify(name)
 
 

@@ -78,12 +78,33 @@ def interleaved_medians(candidates: dict[str, Callable[[], object]], *, rounds: 
 
 
 def machine() -> dict[str, object]:
-    return {
+    described: dict[str, object] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
     }
+    # platform.processor() is often just "x86_64" on Linux; the CPU model and memory say what the ratios ran on.
+    model = _proc_field("/proc/cpuinfo", "model name")
+    if model:
+        described["cpu_model"] = model
+    mem_kib = _proc_field("/proc/meminfo", "MemTotal")  # e.g. "24683568 kB"
+    if mem_kib and mem_kib.split()[0].isdigit():
+        described["memory_gib"] = round(int(mem_kib.split()[0]) / 2**20, 1)
+    return described
+
+
+def _proc_field(path: str, key: str) -> str | None:
+    """The first ``key: value`` in a /proc file, or None where there is no such file (not Linux) or field."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name.strip() == key:
+            return value.strip()
+    return None
 
 
 def format_seconds(seconds: float) -> str:

@@ -185,6 +185,24 @@ def show_tracked_run(url: str) -> None:
         print(f"  tracked run     {run['name']}: {run['run_status']}, {run['resets']} resets; workers: {workers}")
 
 
+def time_lost_to_recovery(seen: list[dict[str, Any]]) -> tuple[float, int]:
+    """Wall time recovery cost the run: how much longer than a normal step each step across a reset or a resize
+    took, plus the time of steps done twice (after a rollback to the last commit)."""
+    import statistics
+
+    if len(seen) < 3:
+        return 0.0, 0
+    gaps = [later["t"] - earlier["t"] for earlier, later in zip(seen, seen[1:], strict=False)]
+    normal = statistics.median(gaps)
+    lost, redone = 0.0, 0
+    for earlier, later, gap in zip(seen, seen[1:], gaps, strict=False):
+        if later["step"] <= earlier["step"]:
+            redone += earlier["step"] - later["step"] + 1
+        if later["resets"] != earlier["resets"] or later["size"] != earlier["size"]:
+            lost += max(0.0, gap - normal)
+    return lost + redone * normal, redone
+
+
 def summarize(
     progress: Progress, results: list[Any], began: float, marker: str, storage: str, store_class: Any
 ) -> None:
@@ -201,6 +219,8 @@ def summarize(
             print(f"  crash -> next step            {after[0]['t'] - crashed_at:.2f} s (the survivor went on alone)")
         if back:
             print(f"  crash -> replacement joined   {back[0]['t'] - crashed_at:.2f} s")
+    lost_s, redone = time_lost_to_recovery(seen)
+    print(f"  time lost to recovery         {lost_s:.2f} s (stalls while groups re-formed; {redone} steps redone)")
     with store_class(storage) as store:
         kept = store.list()
     print(f"  checkpoints kept {len(kept)}: steps {', '.join(str(c.step) for c in kept)} (persisted every 10 commits)")

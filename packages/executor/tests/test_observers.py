@@ -65,10 +65,15 @@ def test_observers_see_runs_and_a_broken_one_is_dropped(fake_observers: list[Any
     settings = RayExecutor.create_settings(timeout_s=60)
     with RayExecutor(settings, num_workers=2, cpus_per_worker=0.5) as executor:
         executor.start()
+        assert executor.last_run_id is None
+        executor.run(context)
+        first_id = executor.last_run_id
         executor.run(context)
     kinds = [kind for kind, _ in Recorder.events]
-    assert kinds == ["start", "finished"]
+    assert kinds == ["start", "finished", "start", "finished"]
     run = Recorder.events[0][1]
+    assert run["id"] == first_id  # observers record the run by the id the executor shows its caller
+    assert Recorder.events[2][1]["id"] == executor.last_run_id != first_id
     assert run["name"] == "context"
     assert [w["world_rank"] for w in run["workers"]] == [0, 1]
     assert {"actor_id", "node_id", "node_ip", "hostname", "pid", "local_rank", "node_rank", "gpu_ids"} <= set(

@@ -60,6 +60,7 @@ def test_a_static_job_is_running_then_finished_with_its_workers(tmp_path: Path) 
         job.start()
         running = wait_until(lambda: runs_named("where_am_i"), timeout_s=60, what="the run to be recorded")
         assert running[0]["run_status"] == "RUNNING"
+        assert running[0]["id"] == executor.last_run_id
         Path(gate).write_text("")
         job.join(60)
     run = wait_until(
@@ -136,11 +137,13 @@ def test_an_elastic_jobs_workers_change_after_a_resize() -> None:
                 discovery.set_hosts({"host-1": 1, "host-2": 2})
 
         ex.run(grow_then_finish, args=[30], callbacks=[on_message])
+        run_id = ex.last_run_id
     run = wait_until(
         lambda: [r for r in runs_named("grow_then_finish") if r["run_status"] == "FINISHED"],
         timeout_s=30,
         what="FINISHED",
     )[0]
+    assert run["id"] == run_id
     assert run["world_size"] == 3
     assert [w["world_rank"] for w in run["workers"]] == [0, 1, 2]
     assert run["resets"] >= 1

@@ -89,6 +89,7 @@ class RayExecutor:
         self._calls_with_callbacks = 0
         self._elastic: ElasticSession | HorovodElasticSession | None = None
         self.run_id = ""
+        self._last_run_id: str | None = None
 
     # -- properties ------------------------------------------------------------------------------------------
 
@@ -99,6 +100,12 @@ class RayExecutor:
     @property
     def started(self) -> bool:
         return self._calls is not None or self._elastic is not None
+
+    @property
+    def last_run_id(self) -> str | None:
+        """The id the latest ``run``/``execute`` call is recorded by in run tracking (elastrain-state and the
+        dashboard's ``/api/train/runs/{id}``): set as soon as the call starts; None before the first call."""
+        return self._last_run_id
 
     @property
     def placements(self) -> list[WorkerPlacement]:
@@ -287,7 +294,8 @@ class RayExecutor:
         :class:`~elastrain.executor.WorkerError` or :class:`~elastrain.executor.WorkerDiedError`.
         """
         if self._elastic is not None:
-            return self._elastic.run(fn, args or (), kwargs or {}, _check_callbacks(callbacks))
+            self._last_run_id = uuid.uuid4().hex
+            return self._elastic.run(fn, args or (), kwargs or {}, _check_callbacks(callbacks), self._last_run_id)
         calls = self._require_started()
         payload = _put((fn, tuple(args or ()), dict(kwargs or {})))
         return self._call_all(calls, lambda actor, call_id: actor.run.remote(payload, call_id), callbacks, run_name(fn))
@@ -324,7 +332,8 @@ class RayExecutor:
         if callbacks:
             self._calls_with_callbacks += 1
             call_id = self._calls_with_callbacks
-        watch = RunWatch.start(lambda: self._run_record(calls, name))
+        self._last_run_id = uuid.uuid4().hex
+        watch = RunWatch.start(lambda: self._run_record(calls, name), self._last_run_id)
         try:
             with delivering(self._sink, callbacks, call_id, _CALLBACK_DRAIN_S):
                 results = calls.gather([submit(actor, call_id) for actor in calls.actors])

@@ -1,5 +1,6 @@
 """Run observers: packages such as elastrain-state watch the executor's runs through an entry point.
 
+A run's record carries its ``id``: the executor's ``last_run_id``, which trackers should record it by.
 A package registers a factory in the ``elastrain.executor.observers`` entry-point group. The factory (called
 with no arguments) returns an observer whose ``start_run(run)`` returns a handle with ``workers_changed(workers,
 world_size, resets)``, ``finished()`` and ``failed(detail)``. Everything passed is plain dicts and strings, so
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,17 +47,20 @@ def _load_factories() -> list[Any]:
 class RunWatch:
     """The observers of one run. Every method is safe: failures are logged once and that observer dropped."""
 
-    def __init__(self, handles: list[tuple[str, Any]]) -> None:
+    def __init__(self, handles: list[tuple[str, Any]], run_id: str = "") -> None:
         self._handles = handles
+        self.run_id = run_id
 
     @classmethod
-    def start(cls, describe: Callable[[], dict[str, Any]]) -> RunWatch:
-        """Start watching the run ``describe()`` returns; it is called only when someone observes (a call's hot
-        path pays nothing without observers)."""
+    def start(cls, describe: Callable[[], dict[str, Any]], run_id: str | None = None) -> RunWatch:
+        """Start watching the run ``describe()`` returns, under ``run_id`` (default: a new one), which observers
+        record it by. ``describe`` is called only when someone observes (a call's hot path pays nothing
+        without observers)."""
+        run_id = run_id or uuid.uuid4().hex
         factories = _load_factories() if tracking_enabled() else []
         if not factories:
-            return cls([])
-        run = describe()
+            return cls([], run_id)
+        run = {**describe(), "id": run_id}
         handles: list[tuple[str, Any]] = []
         for factory in factories:
             name = getattr(factory, "__qualname__", repr(factory))
@@ -66,7 +71,7 @@ class RunWatch:
                 continue
             if handle is not None:
                 handles.append((name, handle))
-        return cls(handles)
+        return cls(handles, run_id)
 
     def workers_changed(self, workers: Sequence[dict[str, Any]], world_size: int, resets: int) -> None:
         self._each("workers_changed", list(workers), world_size, resets)

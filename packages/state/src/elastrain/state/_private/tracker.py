@@ -35,6 +35,7 @@ class RunTracker:
     """Tracks one run: ``start(workers)``, ``set_workers(...)`` after elastic resizes, ``report_metrics``, then
     ``finish()``, ``fail(rank, trace)`` or ``abort(reason)``.
 
+    ``run_id``: the id the run is recorded by (default: a new one; never reuse one).
     ``actor``: the state actor to write to (default: the cluster's, created if absent, unless
     ``create_actor=False``, in which case an absent actor means no tracking).
     """
@@ -43,6 +44,7 @@ class RunTracker:
         self,
         name: str,
         *,
+        run_id: str | None = None,
         job_id: str | None = None,
         controller_actor_id: str | None = None,
         min_workers: int | None = None,
@@ -51,7 +53,7 @@ class RunTracker:
         actor: Any = None,
         create_actor: bool = True,
     ) -> None:
-        self.run_id = uuid.uuid4().hex  # unique per run; never a job id, never reused
+        self.run_id = run_id or uuid.uuid4().hex  # unique per run; never a job id, never reused
         self.name = name
         self._job_id = job_id
         self._controller = controller_actor_id
@@ -168,6 +170,7 @@ class ExecutorObserver:
     def start_run(self, run: Mapping[str, Any]) -> _ExecutorRun:
         tracker = RunTracker(
             str(run.get("name") or "run"),
+            run_id=run.get("id"),
             job_id=run.get("job_id"),
             controller_actor_id=run.get("controller_actor_id"),
             min_workers=run.get("min_workers"),

@@ -100,6 +100,7 @@ class HorovodElasticSession:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         callbacks: list[Callback],
+        run_id: str | None = None,  # Horovod's own elastic loop runs untracked
     ) -> list[Any]:
         self.calls += 1
         call_id = self.calls if callbacks else 0

@@ -58,13 +58,15 @@ class ElasticSession:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         callbacks: list[Callback],
+        run_id: str | None = None,
     ) -> list[Any]:
         import ray
 
         self.calls += 1
         call_id = self.calls if callbacks else 0
         watch = RunWatch.start(
-            lambda: run_record(run_name(fn), self.sink, [], 0, self.options.num_workers, self.options.max_workers)
+            lambda: run_record(run_name(fn), self.sink, [], 0, self.options.num_workers, self.options.max_workers),
+            run_id,
         )
         driver = ElasticDriver(
             options=self.options,
