@@ -188,14 +188,16 @@ def show_tracked_run(url: str) -> None:
 def time_lost_to_recovery(seen: list[dict[str, Any]]) -> tuple[float, int]:
     """Wall time recovery cost the run: how much longer than a normal step each step across a reset or a resize
     took, plus the time of steps done twice (after a rollback to the last commit)."""
+    import itertools
     import statistics
 
     if len(seen) < 3:
         return 0.0, 0
-    gaps = [later["t"] - earlier["t"] for earlier, later in zip(seen, seen[1:], strict=False)]
-    normal = statistics.median(gaps)
+    pairs = list(itertools.pairwise(seen))
+    normal = statistics.median(later["t"] - earlier["t"] for earlier, later in pairs)
     lost, redone = 0.0, 0
-    for earlier, later, gap in zip(seen, seen[1:], gaps, strict=False):
+    for earlier, later in pairs:
+        gap = later["t"] - earlier["t"]
         if later["step"] <= earlier["step"]:
             redone += earlier["step"] - later["step"] + 1
         if later["resets"] != earlier["resets"] or later["size"] != earlier["size"]:
