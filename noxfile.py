@@ -7,10 +7,13 @@ sessions that install torch use pip, never uv, because only pip sees the local C
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import tomllib
@@ -72,10 +75,30 @@ def discards_venv_in_ci(function: Callable[..., None]) -> Callable[..., None]:
         finally:
             location = getattr(session.virtualenv, "location", None)
             if os.environ.get(DISCARD_VENVS_ENV) == "1" and location and Path(location).is_dir():
+                _stop_leftovers(session, Path(location))
                 shutil.rmtree(location, ignore_errors=True)
-                session.log(f"Discarded {location} to keep disk use low; {_free_disk()} free.")
+                if Path(location).exists():
+                    session.warn(f"Could not remove {location}; {_free_disk()} free.")
+                else:
+                    session.log(f"Discarded {location} to keep disk use low; {_free_disk()} free.")
 
     return wrapper
+
+
+def _stop_leftovers(session: nox.Session, venv: Path) -> None:
+    """Processes still running from a venv about to go (a Ray node, a storage server a test did not stop) would
+    slow every later session and keep its disk space: name them, since each is a clean-up bug, and kill them."""
+    prefix = str(venv.resolve()) + os.sep
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            executable = os.path.realpath(proc / "exe")
+        except OSError:
+            continue
+        if int(proc.name) != os.getpid() and (command.startswith(prefix) or executable.startswith(prefix)):
+            session.warn(f"Process {proc.name} ({command}) outlived its session; killing it.")
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 def _free_disk() -> str:
@@ -152,9 +175,9 @@ def install_chromium(session: nox.Session) -> None:
     session.run(apt, "install", "-y", "-qq", "--no-install-recommends", "chromium", external=True, env=env)
 
 
-# Horovod 0.28.1 is an sdist that only builds here with these settings (see DEVELOPERS.md); pip's wheel cache
-# keeps the result, so later sessions install it in seconds.
-HOROVOD_WHEELS = ROOT / ".horovod-wheels"  # keyed by nothing but the pins in constraints.txt
+# Horovod 0.28.1 is an sdist that only builds here with these settings; the wheel is kept in
+# HOROVOD_WHEELS, so later sessions install it in seconds.
+HOROVOD_WHEELS = ROOT / ".horovod-wheels"  # one folder per constraints.txt and Python, so a new pin rebuilds
 HOROVOD_BUILD_ENV = {
     "HOROVOD_WITH_PYTORCH": "1",
     "HOROVOD_WITHOUT_MPI": "1",
@@ -165,7 +188,7 @@ HOROVOD_BUILD_ENV = {
 
 
 def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
-    """Build (or take from pip's cache) Horovod with PyTorch and gloo; returns whether it is installed."""
+    """Build (or take from HOROVOD_WHEELS) Horovod with PyTorch and gloo; returns whether it is installed."""
     cmake = shutil.which("cmake", path="/usr/bin:/bin")
     if cmake is None:
         message = "Building Horovod needs the system cmake (apt-get install cmake), not pip's cmake 4.x."
@@ -193,13 +216,21 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
     }
     try:
         # Built once into a folder of this checkout, so that later sessions (and CI's discarded venvs) install
-        # the wheel in seconds even where pip keeps no cache.
-        if not any(HOROVOD_WHEELS.glob("horovod-*.whl")):
+        # the wheel in seconds even where pip keeps no cache. Built aside and moved in whole: an interrupted
+        # build never leaves a broken wheel to reuse.
+        wheels = _horovod_wheel_folder(session)
+        if not any(wheels.glob("horovod-*.whl")):
+            HOROVOD_WHEELS.mkdir(exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix="building-", dir=HOROVOD_WHEELS))
             session.run(
                 "python", "-m", "pip", "wheel", *CONSTRAINTS, "--no-deps", "--no-build-isolation", "horovod",
-                "-w", str(HOROVOD_WHEELS), env=env, silent=not required,
+                "-w", str(building), env=env, silent=not required,
             )  # fmt: skip
-        session.install(*CONSTRAINTS, "--find-links", str(HOROVOD_WHEELS), "horovod[pytorch]", env=env)
+            shutil.rmtree(wheels, ignore_errors=True)
+            building.rename(wheels)
+        session.install(
+            *CONSTRAINTS, "--find-links", str(wheels), "--only-binary", "horovod", "horovod[pytorch]", env=env
+        )
     except nox.command.CommandFailed:
         if required:
             raise
@@ -208,10 +239,18 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
     return True
 
 
+def _horovod_wheel_folder(session: nox.Session) -> Path:
+    """Where this checkout keeps its Horovod wheel: keyed by constraints.txt (torch's pin above all, whose ABI
+    the wheel is built against) and the session's Python."""
+    python = session.run("python", "-c", "import sys; print(sys.implementation.cache_tag)", silent=True)
+    key = hashlib.sha256((ROOT / "constraints.txt").read_bytes() + str(python).encode()).hexdigest()[:12]
+    return HOROVOD_WHEELS / key
+
+
 @nox.session(python=PYTHON)
 @discards_venv_in_ci
 def tests_horovod(session: nox.Session) -> None:
-    """The executor's horovod backend against a real Horovod build (~8 min the first time, then cached)."""
+    """The executor's horovod backend against a real Horovod build (~8 min the first time, then kept)."""
     install_packages(session, "executor")
     session.install(*CONSTRAINTS, *TEST_REQUIREMENTS)
     install_horovod(session)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit.observing import Truth, dashboard, fetch_run
+from kit.observing import RunView, Truth, dashboard
 from kit.training import reference, train
 
 from elastrain.durable import CheckpointStore, StatePersistence
@@ -87,23 +87,22 @@ def test_everything_fails_and_nothing_committed_is_lost(cluster: Any, seaweed: S
         )
         remember_committed()
 
-    def an_upload_in_flight() -> bool:
-        """A persisted state has its pending marker written and its manifest not yet: its upload is running."""
+    def pending_markers() -> set[str]:
+        """Upload markers: written before a state's files, removed once it is committed (or collected later,
+        when its writer died)."""
         try:
-            return bool(fs.ls(f"{BUCKET}/job/_pending", refresh=True))
+            return set(fs.ls(f"{BUCKET}/job/_pending", refresh=True))
         except FileNotFoundError:
-            return False
-
-    def run_shown() -> dict[str, Any] | None:
-        return fetch_run(api, executor.last_run_id)
+            return set()
 
     # On a failure the executor shuts down first, which ends the job the pool waits for.
     with ThreadPoolExecutor(1) as pool, dashboard(cluster.address, tmp_path / "dashboard.log") as api, executor:
+        view = RunView(api, lambda: executor.last_run_id)
         executor.start()
         kwargs = {"persistence": persistence, "ballast_bytes": 4 << 20, "stop_file": str(stop_file)}
         job = pool.submit(executor.run, train, [100_000], kwargs, [truth])
         back_to_full_size("the start")
-        started = wait_until(run_shown, timeout_s=60, what="the run in the dashboard")
+        started = view.wait(lambda run: run["run_status"] == "RUNNING", timeout_s=60, what="the run RUNNING")
 
         # A node goes away and comes back (Ray's Cluster is changed from this thread, never the head node).
         resets = truth.resets()
@@ -125,7 +124,14 @@ def test_everything_fails_and_nothing_committed_is_lost(cluster: Any, seaweed: S
                 kills += 1
                 note(f"killed rank {rank}")
             elif event == "storage":
-                wait_until(an_upload_in_flight, timeout_s=60, what="an upload in flight", interval_s=0.005)
+                # A marker that appears now is an upload running now (old ones may be left by killed workers).
+                before = pending_markers()
+                wait_until(
+                    lambda: pending_markers() - before,  # noqa: B023
+                    timeout_s=60,
+                    what="an upload to start",
+                    interval_s=0.005,
+                )
                 seaweed.kill()
                 note("storage server killed mid-upload")
                 time.sleep(3)  # training goes on meanwhile; uploads fail and retry
@@ -136,20 +142,20 @@ def test_everything_fails_and_nothing_committed_is_lost(cluster: Any, seaweed: S
                 assert actor is not None
                 ray.kill(actor, no_restart=False)
                 note("state actor killed")
-                wait_until(run_shown, timeout_s=60, what="the restarted state actor to show the run again")
+                view.wait(
+                    lambda run: run["start_time_ms"] == started["start_time_ms"],
+                    timeout_s=60,
+                    what="the restarted state actor to show the run again",
+                )
             back_to_full_size(event, resets)
 
         # Enough chaos: end the job a little ahead of every rank.
-        last_step = truth.step + 60
+        last_step = truth.step + 100
         (tmp_path / "stop.tmp").write_text(str(last_step))
         os.replace(tmp_path / "stop.tmp", stop_file)
         note(f"stop at {last_step}")
         results = job.result(timeout=300)
-        final = wait_until(
-            lambda: (run := run_shown()) and run["run_status"] == "FINISHED" and run,
-            timeout_s=30,
-            what="the dashboard to show the run FINISHED",
-        )
+        final = view.wait(lambda run: run["run_status"] == "FINISHED", timeout_s=30, what="the run FINISHED")
 
     assert kills == WORKER_KILLS
     assert FULL - 1 in truth.sizes, f"the job never shrank: {truth.sizes}"

@@ -6,7 +6,7 @@ import contextlib
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,17 +92,54 @@ def dashboard(address: str, log: Path) -> Iterator[Any]:
     finally:
         client.close()
         process.terminate()
-        process.wait(30)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
 
 
-def fetch_run(client: Any, run_id: str | None) -> dict[str, Any] | None:
-    """One run from the dashboard's API, or None (not recorded yet, or the API briefly unavailable)."""
-    import httpx
+class RunView:
+    """One run as the dashboard's API shows it, remembering the last answer so a failed wait can say what the
+    API said (not found, tracking off, unreachable, or a run that differs from the truth)."""
 
-    if not run_id:
-        return None
-    try:
-        response = client.get(f"/api/train/runs/{run_id}")
-    except httpx.TransportError:
-        return None
-    return response.json() if response.status_code == 200 else None
+    def __init__(self, client: Any, run_id: Callable[[], str | None]) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.last: str = "nothing yet"
+
+    def fetch(self) -> dict[str, Any] | None:
+        import httpx
+
+        run_id = self.run_id()
+        if not run_id:
+            self.last = "no run id yet (the call has not started)"
+            return None
+        try:
+            response = self.client.get(f"/api/train/runs/{run_id}")
+        except httpx.TransportError as error:
+            self.last = f"no answer ({error!r})"
+            return None
+        if response.status_code != 200:
+            self.last = f"{response.status_code} {response.text[:500]}"
+            return None
+        run: dict[str, Any] = response.json()
+        self.last = f"200 {run}"
+        return run
+
+    def wait(
+        self,
+        condition: Callable[[dict[str, Any]], bool],
+        *,
+        timeout_s: float,
+        what: str,
+        context: Callable[[], object] = lambda: "",
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            run = self.fetch()
+            return run if run is not None and condition(run) else None
+
+        try:
+            return wait_until(check, timeout_s=timeout_s, what=what, interval_s=0.1)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\nThe API last answered: {self.last}\n{context()}") from None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.observing import Truth
 from kit.training import reference, train
 
 from elastrain.discovery import RayHostDiscovery
@@ -57,21 +58,29 @@ def test_discovery_sees_this_machine() -> None:
 
 
 def test_elastic_job_recovers_from_a_crash_and_loses_nothing(tmp_path: Path) -> None:
-    steps = 120
     (tmp_path / "crash-1-40").touch()  # rank 1 exits hard at step 40
-    sizes: list[int] = []
+    stop_file = tmp_path / "stop"
+    truth = Truth()
+    last_step: list[int] = []
+
+    def stop_once_recovered(message: dict[str, Any]) -> None:
+        truth(message)
+        # Shrunk to the survivor, then back to 2: end the job a little ahead of both ranks.
+        if not last_step and truth.sizes[-2:] == [1, 2]:
+            last_step.append(truth.step + 100)
+            (tmp_path / "stop.tmp").write_text(str(last_step[0]))
+            os.replace(tmp_path / "stop.tmp", stop_file)
+
     settings = RayExecutor.create_settings(timeout_s=60, discovery_interval_s=0.2)
     with RayExecutor(settings, min_workers=1, max_workers=2, cpus_per_worker=1, elastic_timeout=120) as executor:
         executor.start()
-        results = executor.run(
-            train, args=[steps], kwargs={"crash_dir": str(tmp_path)}, callbacks=[lambda m: sizes.append(m["size"])]
-        )
+        kwargs = {"crash_dir": str(tmp_path), "stop_file": str(stop_file)}
+        results = executor.run(train, args=[5_000], kwargs=kwargs, callbacks=[stop_once_recovered])
     assert not (tmp_path / "crash-1-40").exists(), "the crash never happened"
-    assert 1 in sizes, "the survivor never went on alone"
-    assert sizes[-1] == 2, "the replacement never joined"
-    assert results
+    assert last_step, f"the job never went 2 -> 1 -> 2 workers: sizes {truth.sizes}"
+    assert len(results) == 2
     for result in results:
-        assert result["weights"] == pytest.approx(reference(steps), rel=1e-9, abs=1e-12)
+        assert result["weights"] == pytest.approx(reference(last_step[0]), rel=1e-9, abs=1e-12)
 
 
 def test_elastic_only_methods_say_so() -> None:

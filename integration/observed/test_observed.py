@@ -4,21 +4,20 @@ a resize; a failing run shows as ERRORED with its error."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from kit.observing import Truth, dashboard, fetch_run, shown_workers
+from kit.observing import RunView, Truth, dashboard, shown_workers
 from kit.training import reference, train
 
 from elastrain.executor import RayExecutor
 from elastrain_testutils.ray_testing import NODE_DEFAULTS, local_cluster
-from elastrain_testutils.waiting import wait_until
-
-STEPS = 500
 
 
 @pytest.fixture(scope="module")
@@ -35,62 +34,63 @@ def api(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[http
 
 def test_a_run_through_a_crash_and_a_new_node(cluster: Any, api: httpx.Client, tmp_path: Path) -> None:
     truth = Truth()
+    stop_file = tmp_path / "stop"
     settings = RayExecutor.create_settings(timeout_s=60, discovery_interval_s=0.2)
     executor = RayExecutor(settings, min_workers=1, max_workers=3, cpus_per_worker=2, elastic_timeout=120)
+    view = RunView(api, lambda: executor.last_run_id)
 
-    def run_of_this_job() -> dict[str, Any] | None:
-        return fetch_run(api, executor.last_run_id)
-
-    def shows(size: int, resets_at_least: int = 0) -> dict[str, Any] | None:
-        run = run_of_this_job()
-        ok = (
-            run is not None
-            and run["run_status"] == "RUNNING"
+    def running_as_reported(size: int, resets_at_least: int = 0) -> Callable[[dict[str, Any]], bool]:
+        """The API shows the run RUNNING with exactly the workers (rank, pid, node) that report themselves."""
+        return lambda run: (
+            run["run_status"] == "RUNNING"
             and run["world_size"] == size
             and run["resets"] >= resets_at_least
-            and shown_workers(run) == truth.workers(size)
             and len(truth.workers(size)) == size
+            and shown_workers(run) == truth.workers(size)
         )
-        return run if ok else None
+
+    def reported() -> str:
+        return f"The workers reported: {sorted(truth.workers(3))}; sizes {truth.sizes}"
 
     # One worker per node (2 CPUs each); Ray's Cluster must be changed from the main thread.
     with ThreadPoolExecutor(1) as pool, executor:  # on a failure the executor stops first, ending the job
         executor.start()
-        job = pool.submit(executor.run, train, [STEPS], {"crash_dir": str(tmp_path)}, [truth])
-        running = wait_until(lambda: shows(2), timeout_s=90, what="the API to show 2 running workers")
+        job = pool.submit(executor.run, train, [100_000], {"stop_file": str(stop_file)}, [truth])
+        running = view.wait(running_as_reported(2), timeout_s=90, what="2 running workers", context=reported)
         assert len({w["node_id"] for w in running["workers"]}) == 2
 
-        # A worker crashes: the API shows the replacement (a new process) and the reset.
-        [crashing_pid] = [pid for rank, pid, _ in truth.workers(2) if rank == 1]
-        (tmp_path / f"crash-1-{truth.step + 10}").touch()
-        recovered = wait_until(
-            lambda: (
-                (run := shows(2, resets_at_least=1)) and crashing_pid not in {w["pid"] for w in run["workers"]} and run
-            ),
+        # A worker is killed: the API shows its replacement (a new process) and the reset.
+        killed_pid = truth.pid_of(1)
+        os.kill(killed_pid, signal.SIGKILL)
+        recovered = view.wait(
+            lambda run: running_as_reported(2, 1)(run) and killed_pid not in {w["pid"] for w in run["workers"]},
             timeout_s=90,
-            what="the API to show the replacement worker",
+            what="the replacement of the killed worker",
+            context=reported,
         )
         assert recovered["resets"] >= 1
 
         # A node joins: the API shows 3 workers on 3 nodes.
         cluster.add_node(num_cpus=2, **NODE_DEFAULTS)
-        grown = wait_until(lambda: shows(3), timeout_s=90, what="the API to show 3 workers after a node joined")
+        grown = view.wait(running_as_reported(3), timeout_s=90, what="3 workers after a node joined", context=reported)
         assert len({w["node_id"] for w in grown["workers"]}) == 3
+
+        # End the job a little ahead of every rank.
+        last_step = truth.step + 100
+        (tmp_path / "stop.tmp").write_text(str(last_step))
+        os.replace(tmp_path / "stop.tmp", stop_file)
         results = job.result(timeout=300)
 
-    final = wait_until(
-        lambda: (run := run_of_this_job()) and run["run_status"] == "FINISHED" and run,
-        timeout_s=30,
-        what="the API to show the run FINISHED",
-    )
+    final = view.wait(lambda run: run["run_status"] == "FINISHED", timeout_s=30, what="the run FINISHED")
     assert final["world_size"] == 3
-    assert final["resets"] >= 2  # the crash and the new node at least
+    assert final["resets"] >= 2  # the kill and the new node at least
     assert final["end_time_ms"] >= final["start_time_ms"]
     assert {(w["world_rank"], w["pid"], w["node_id"]) for w in final["workers"]} == truth.workers(3)
     assert 1 in truth.sizes, truth.sizes
     assert truth.sizes[-1] == 3, truth.sizes
+    assert len(results) == 3
     for result in results:
-        assert result["weights"] == pytest.approx(reference(STEPS), rel=1e-9, abs=1e-12)
+        assert result["weights"] == pytest.approx(reference(last_step), rel=1e-9, abs=1e-12)
 
     listed = api.get("/api/train/runs", params={"status": "FINISHED"}).json()["runs"]
     assert executor.last_run_id in [run["id"] for run in listed]
@@ -111,10 +111,8 @@ def test_a_failing_run_shows_as_errored_with_its_error(api: httpx.Client) -> Non
             executor.execute(fails_on_rank_1)
         run_id = executor.last_run_id
 
-    run = wait_until(
-        lambda: (r := api.get(f"/api/train/runs/{run_id}").json()).get("run_status") == "ERRORED" and r,
-        timeout_s=30,
-        what="the API to show the run ERRORED",
+    run = RunView(api, lambda: run_id).wait(
+        lambda run: run["run_status"] == "ERRORED", timeout_s=30, what="the run ERRORED"
     )
     assert "rank 1 has bad data" in run["status_detail"]
     errored = api.get("/api/train/runs", params={"status": "ERRORED"}).json()["runs"]

@@ -210,3 +210,58 @@ def test_below_min_workers_for_too_long_fails_mid_run() -> None:
         with pytest.raises(elastic.ElasticJobError, match=r"fewer than min_workers=2 workers for more than"):
             executor.run(train_until, args=[10_000, 3], callbacks=[script])
         assert time.monotonic() - start < 60
+
+
+def test_shutdown_from_another_thread_ends_a_running_job() -> None:
+    """``shutdown()`` (e.g. a ``with`` block left on an error) stops the workers of a call still running."""
+    discovery = StaticHostDiscovery("host-1:2")
+    script = Script(discovery, [])
+    executor = elastic_executor(discovery, min_workers=2)
+    executor.start()
+    outcome: list[BaseException | int] = []
+
+    def job() -> None:
+        try:
+            outcome.extend(executor.run(train_until, args=[10_000, 3], callbacks=[script]))
+        except BaseException as error:
+            outcome.append(error)
+
+    runner = threading.Thread(target=job)
+    runner.start()
+    deadline = time.monotonic() + 60
+    while script.count("step") < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = {m["pid"] for m in script.messages if m["event"] == "started"}
+    executor.shutdown()
+    runner.join(30)
+    assert not runner.is_alive(), "run() still running 30 s after shutdown()"
+    [error] = outcome
+    assert isinstance(error, elastic.ElasticJobError)
+    assert "shut down" in str(error)
+
+    def workers_gone() -> bool:
+        return not any(_running(pid) for pid in pids)
+
+    while not workers_gone() and time.monotonic() < deadline + 30:
+        time.sleep(0.2)
+    assert workers_gone()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def environment_of_worker(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_extra_env_vars_reach_elastic_workers() -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    with elastic_executor(discovery, min_workers=2, max_workers=2) as executor:
+        executor.start(extra_env_vars={"ELASTRAIN_TEST_SETTING": "from-start"})
+        # A plain function returns as soon as the first group runs it, so one or two results.
+        assert set(executor.run(environment_of_worker, args=["ELASTRAIN_TEST_SETTING"])) == {"from-start"}

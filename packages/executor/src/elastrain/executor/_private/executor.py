@@ -104,7 +104,9 @@ class RayExecutor:
     @property
     def last_run_id(self) -> str | None:
         """The id the latest ``run``/``execute`` call is recorded by in run tracking (elastrain-state and the
-        dashboard's ``/api/train/runs/{id}``): set as soon as the call starts; None before the first call."""
+        dashboard's ``/api/train/runs/{id}``): set as soon as the call starts; None before the first call and
+        for elastic jobs on the horovod backend, which run untracked. Not :attr:`run_id`, which names the worker
+        group of one ``start()`` for the collective backend."""
         return self._last_run_id
 
     @property
@@ -136,9 +138,9 @@ class RayExecutor:
             if self.backend.name == "horovod":
                 from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
 
-                self._elastic = HorovodElasticSession(self.options, self.settings)
+                self._elastic = HorovodElasticSession(self.options, self.settings, env_vars)
             else:
-                self._elastic = ElasticSession(self.options, self.settings)
+                self._elastic = ElasticSession(self.options, self.settings, env_vars)
             return
         import ray
 
@@ -294,8 +296,10 @@ class RayExecutor:
         :class:`~elastrain.executor.WorkerError` or :class:`~elastrain.executor.WorkerDiedError`.
         """
         if self._elastic is not None:
-            self._last_run_id = uuid.uuid4().hex
-            return self._elastic.run(fn, args or (), kwargs or {}, _check_callbacks(callbacks), self._last_run_id)
+            checked = _check_callbacks(callbacks)
+            # Horovod's own elastic loop runs untracked: no id that the dashboard would never know.
+            self._last_run_id = None if self.backend.name == "horovod" else uuid.uuid4().hex
+            return self._elastic.run(fn, args or (), kwargs or {}, checked, self._last_run_id)
         calls = self._require_started()
         payload = _put((fn, tuple(args or ()), dict(kwargs or {})))
         return self._call_all(calls, lambda actor, call_id: actor.run.remote(payload, call_id), callbacks, run_name(fn))

@@ -158,3 +158,22 @@ def control_actor_options() -> dict[str, Any]:
 
     driver_node = ray.get_runtime_context().get_node_id()
     return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(driver_node, soft=False)}
+
+
+def pin_to_host(host_id: str) -> dict[str, Any]:
+    """Pin a worker to a host: a Ray node id gets node affinity; another name a ``node:<name>`` resource."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if is_node_id(host_id):
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(host_id, soft=False)}
+    return {"resources": {f"node:{host_id}": 0.001}}
+
+
+def is_node_id(host_id: str) -> bool:
+    return len(host_id) == 56 and all(c in "0123456789abcdef" for c in host_id)
+
+
+def node_alive(node_id: str) -> bool:
+    import ray
+
+    return any(node["NodeID"] == node_id and node.get("Alive") for node in ray.nodes())

@@ -11,18 +11,18 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastrain.discovery import HostChange, HostEvent, HostManager, assign_slots
+from elastrain.discovery import HostChange, HostEvent, HostManager
 from elastrain.executor._private.elastic.runtime import ElasticOptions
-from elastrain.executor._private.elastic.world import Member, World
+from elastrain.executor._private.elastic.world import World, make_world
 from elastrain.executor._private.errors import ExecutorError, WorkerError
 from elastrain.executor._private.observers import RunWatch, worker_record
 from elastrain.executor._private.options import ExecutorOptions
-from elastrain.executor._private.placement import NodeInfo
+from elastrain.executor._private.placement import NodeInfo, node_alive, pin_to_host
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -102,12 +102,19 @@ class ElasticDriver:
         self._host_events: queue.SimpleQueue[list[HostEvent]] = queue.SimpleQueue()
         self._startup_failures: dict[str, int] = {}
         self._below_min_since: float | None = None
+        self._stop_reason: str | None = None
+        self._stopped = threading.Event()
         self.spare_worker = spare_worker
         self.watch = watch or RunWatch([])
         self._no_spare_until = 0.0
         self._spare_misses = 0
 
     # -- the call --------------------------------------------------------------------------------------------
+
+    def stop(self, reason: str) -> None:
+        """End the call from another thread: ``run`` stops every worker and raises ``ElasticJobError``."""
+        self._stop_reason = reason
+        self._stopped.set()
 
     def run(self, payload: Any, call_id: int) -> list[Any]:
         import ray
@@ -127,6 +134,8 @@ class ElasticDriver:
     def _supervise(self, ray: Any, payload: Any, call_id: int) -> list[Any]:
         finished: list[_Finish] = []
         while True:
+            if self._stopped.is_set():
+                raise ElasticJobError(f"The elastic job was stopped: {self._stop_reason}.")
             refs = {w.prepare_ref: w for w in self._workers.values() if w.node is None}
             refs.update({w.run_ref: w for w in self._workers.values() if w.run_ref is not None})
             ready = ray.wait(list(refs), num_returns=len(refs), timeout=_POLL_S)[0] if refs else []
@@ -236,7 +245,7 @@ class ElasticDriver:
             num_cpus=self.options.cpus_per_worker,
             num_gpus=self.options.gpus_per_worker,
             max_restarts=0,
-            **_placement_on(host_id),
+            **pin_to_host(host_id),
         ).remote()
         self._workers[worker_id] = _Worker(worker_id, host_id, actor, actor.prepare.remote())
         logger.info("Starting worker %s on host %s.", worker_id, host_id)
@@ -305,7 +314,7 @@ class ElasticDriver:
             self._spare_missed()
             return
         logger.warning("Worker %s on host %s died: %s", worker.worker_id, worker.host_id, reason)
-        if worker.node is not None and not _node_alive(worker.node.node_id):
+        if worker.node is not None and not node_alive(worker.node.node_id):
             self.manager.blacklist(worker.host_id)
             return
         if not worker.joined:
@@ -376,7 +385,7 @@ class ElasticDriver:
                     f"{self.options.reset_limit}; raise reset_limit or fix what keeps failing."
                 )
         self._generation += 1
-        self._world = _make_world(self._generation, ready, list(self.manager.current_hosts))
+        self._world = make_world(self._generation, ready, list(self.manager.current_hosts))
         self._members_by_generation[self._generation] = {m.worker_id for m in self._world.members}
         for worker in ready:
             worker.joined = True
@@ -453,46 +462,6 @@ class ElasticDriver:
             worker.stopping = True
             ray.kill(worker.actor, no_restart=True)
         self._workers.clear()
-
-
-def _make_world(generation: int, workers: Sequence[_Worker], host_order: list[str]) -> World:
-    """Ranks by host (hosts in discovery order), previous members before newcomers on each host.
-
-    Which worker's state the group takes is decided by the workers when they sync (most commits wins).
-    """
-    position = {host: i for i, host in enumerate(host_order)}
-    ordered = sorted(workers, key=lambda w: (position.get(w.host_id, len(position)), not w.joined, w.worker_id))
-    by_host: dict[str, list[_Worker]] = {}
-    for worker in ordered:
-        by_host.setdefault(worker.host_id, []).append(worker)
-    slots = assign_slots({host: len(ws) for host, ws in by_host.items()}, len(ordered))
-    node_rank = {host: i for i, host in enumerate(by_host)}
-    taken = dict.fromkeys(by_host, 0)
-    members = []
-    for slot in slots:
-        worker = by_host[slot.host_id][taken[slot.host_id]]
-        taken[slot.host_id] += 1
-        members.append(Member(worker.worker_id, slot, node_rank[slot.host_id], len(by_host)))
-    return World(generation, tuple(members))
-
-
-def _placement_on(host_id: str) -> dict[str, Any]:
-    """Pin a worker to a host: a Ray node id gets node affinity; another name a ``node:<name>`` resource."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    if _is_node_id(host_id):
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(host_id, soft=False)}
-    return {"resources": {f"node:{host_id}": 0.001}}
-
-
-def _is_node_id(host_id: str) -> bool:
-    return len(host_id) == 56 and all(c in "0123456789abcdef" for c in host_id)
-
-
-def _node_alive(node_id: str) -> bool:
-    import ray
-
-    return any(node["NodeID"] == node_id and node.get("Alive") for node in ray.nodes())
 
 
 def _first_line(error: BaseException) -> str:

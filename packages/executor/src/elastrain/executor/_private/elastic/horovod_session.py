@@ -68,7 +68,9 @@ def _with_messages(
 
 
 class HorovodElasticSession:
-    def __init__(self, options: ExecutorOptions, settings: ExecutorSettings) -> None:
+    def __init__(
+        self, options: ExecutorOptions, settings: ExecutorSettings, env_vars: dict[str, str] | None = None
+    ) -> None:
         import ray
         from horovod.ray import RayExecutor as HorovodRayExecutor
 
@@ -90,7 +92,7 @@ class HorovodElasticSession:
             use_gpu=options.use_gpu,
             gpus_per_worker=options.gpus_per_worker or None,
         )
-        self.executor.start()
+        self.executor.start(extra_env_vars=env_vars or None)
         self.sink: Any = ray.remote(MessageSink).options(**control_actor_options()).remote()
         self.calls = 0
 

@@ -35,7 +35,9 @@ def discovery_for(options: ExecutorOptions, settings: ExecutorSettings) -> HostD
 
 
 class ElasticSession:
-    def __init__(self, options: ExecutorOptions, settings: ExecutorSettings) -> None:
+    def __init__(
+        self, options: ExecutorOptions, settings: ExecutorSettings, env_vars: dict[str, str] | None = None
+    ) -> None:
         import ray
 
         self.options = options
@@ -47,10 +49,14 @@ class ElasticSession:
         ).start()
         self.coordinator: Any = ray.remote(Coordinator).options(**control_actor_options()).remote()
         self.sink: Any = ray.remote(MessageSink).options(**control_actor_options()).remote()
-        self.worker_class: Any = ray.remote(Worker)
+        # start(extra_env_vars=...) reaches every worker, replacements and spares included, as class defaults.
+        self.worker_class: Any = (
+            ray.remote(runtime_env={"env_vars": env_vars})(Worker) if env_vars else ray.remote(Worker)
+        )
         self.calls = 0
         self.driver: ElasticDriver | None = None  # the running call's driver
         self.last_stats: ElasticStats | None = None
+        self._shut_down = False
 
     def run(
         self,
@@ -102,11 +108,16 @@ class ElasticSession:
                 self.last_stats = driver.stats
                 # A fresh rendezvous actor per call, whatever happens: worlds of one call never leak into the next.
                 ray.kill(self.coordinator, no_restart=True)
-                self.coordinator = ray.remote(Coordinator).options(**control_actor_options()).remote()
+                if not self._shut_down:
+                    self.coordinator = ray.remote(Coordinator).options(**control_actor_options()).remote()
 
     def shutdown(self) -> None:
         import ray
 
+        self._shut_down = True
+        driver = self.driver
+        if driver is not None:  # a call still running in another thread ends, and its workers with it
+            driver.stop("the executor was shut down while it ran")
         self.manager.stop()
         ray.kill(self.coordinator, no_restart=True)
         ray.kill(self.sink, no_restart=True)

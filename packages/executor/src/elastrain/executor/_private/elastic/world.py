@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from elastrain.discovery import SlotInfo
+from elastrain.discovery import SlotInfo, assign_slots
+
+
+class Candidate(Protocol):
+    """What forming a world needs to know of a worker."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def host_id(self) -> str: ...
+    @property
+    def joined(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -33,3 +46,24 @@ class World:
             if member.worker_id == worker_id:
                 return member
         return None
+
+
+def make_world(generation: int, workers: Sequence[Candidate], host_order: list[str]) -> World:
+    """Ranks by host (hosts in discovery order), previous members before newcomers on each host.
+
+    Which worker's state the group takes is decided by the workers when they sync (most commits wins).
+    """
+    position = {host: i for i, host in enumerate(host_order)}
+    ordered = sorted(workers, key=lambda w: (position.get(w.host_id, len(position)), not w.joined, w.worker_id))
+    by_host: dict[str, list[Candidate]] = {}
+    for worker in ordered:
+        by_host.setdefault(worker.host_id, []).append(worker)
+    slots = assign_slots({host: len(ws) for host, ws in by_host.items()}, len(ordered))
+    node_rank = {host: i for i, host in enumerate(by_host)}
+    taken = dict.fromkeys(by_host, 0)
+    members = []
+    for slot in slots:
+        worker = by_host[slot.host_id][taken[slot.host_id]]
+        taken[slot.host_id] += 1
+        members.append(Member(worker.worker_id, slot, node_rank[slot.host_id], len(by_host)))
+    return World(generation, tuple(members))
