@@ -27,9 +27,6 @@ import nox
 
 ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
-# Sessions whose timings matter (benchmarks, the demo's recovery times) keep pip's bytecode compilation; the rest
-# skip it (about 30 s per venv with torch and Ray) and let Python compile what is imported, once.
-COMPILED_SESSIONS = ("bench", "demo")
 RESULTS = ROOT / ".ci-results"
 PYTHON = "3.11"
 
@@ -130,13 +127,6 @@ def _elastrain_dependencies(folder: str) -> list[str]:
     return ordered
 
 
-def install_options(session: nox.Session) -> tuple[str, ...]:
-    """pip install options for a session: the constraints, and no bytecode compilation where timing doesn't count."""
-    if session.name.startswith(COMPILED_SESSIONS):
-        return CONSTRAINTS
-    return ("--no-compile", *CONSTRAINTS)
-
-
 def install_packages(session: nox.Session, *folders: str, extras: dict[str, tuple[str, ...]] | None = None) -> None:
     """Install the given packages and their elastrain siblings editable from this checkout, in one resolve."""
     wanted: list[str] = []
@@ -146,7 +136,7 @@ def install_packages(session: nox.Session, *folders: str, extras: dict[str, tupl
     for name in wanted:
         chosen = (extras or {}).get(name, ())
         args += ["-e", f"{ROOT / 'packages' / name}" + (f"[{','.join(chosen)}]" if chosen else "")]
-    session.install(*install_options(session), "-e", str(ROOT / "testutils"), *args)
+    session.install(*CONSTRAINTS, "-e", str(ROOT / "testutils"), *args)
     session.run("python", "-m", "elastrain_testutils.guard", str(ROOT))
 
 
@@ -156,7 +146,7 @@ def install_packages(session: nox.Session, *folders: str, extras: dict[str, tupl
 def tests(session: nox.Session, package: str) -> None:
     """One package's test suite, in a venv that holds only that package, its siblings and test tools."""
     install_packages(session, package, *TEST_SIBLINGS.get(package, ()), extras={package: TEST_EXTRAS.get(package, ())})
-    session.install(*install_options(session), *TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(package, ()))
+    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(package, ()))
     if package == "dashboard-api":
         install_chromium(session)
     RESULTS.mkdir(exist_ok=True)
@@ -206,7 +196,7 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
             session.error(message)
         session.warn(message)
         return False
-    session.install(*install_options(session), "torch", "numpy", "wheel", "setuptools<81", "packaging")
+    session.install(*CONSTRAINTS, "torch", "numpy", "wheel", "setuptools<81", "packaging")
     tmp = Path(session.create_tmp()).resolve()
     toolchain = tmp / "horovod-toolchain.cmake"
     toolchain.write_text("add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-std=gnu++17>)\n")
@@ -239,13 +229,7 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
             shutil.rmtree(wheels, ignore_errors=True)
             building.rename(wheels)
         session.install(
-            *install_options(session),
-            "--find-links",
-            str(wheels),
-            "--only-binary",
-            "horovod",
-            "horovod[pytorch]",
-            env=env,
+            *CONSTRAINTS, "--find-links", str(wheels), "--only-binary", "horovod", "horovod[pytorch]", env=env
         )
     except nox.command.CommandFailed:
         if required:
@@ -268,7 +252,7 @@ def _horovod_wheel_folder(session: nox.Session) -> Path:
 def tests_horovod(session: nox.Session) -> None:
     """The executor's horovod backend against a real Horovod build (~8 min the first time, then kept)."""
     install_packages(session, "executor")
-    session.install(*install_options(session), *TEST_REQUIREMENTS)
+    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS)
     install_horovod(session)
     session.chdir(ROOT / "packages" / "executor")
     RESULTS.mkdir(exist_ok=True)
@@ -288,7 +272,7 @@ def tests_horovod(session: nox.Session) -> None:
 @discards_venv_in_ci
 def lint(session: nox.Session) -> None:
     """ruff (one config for the repository) and the repository's own layout checks."""
-    session.install(*install_options(session), "ruff")
+    session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("python", "tools/check_repo.py")
@@ -299,9 +283,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on each package's src/, one package at a time."""
     install_packages(session, *PACKAGES)
-    session.install(
-        *install_options(session), "mypy", "torch", "numpy"
-    )  # the executor is checked against torch's types
+    session.install(*CONSTRAINTS, "mypy", "torch", "numpy")  # the executor is checked against torch's types
     for folder in PACKAGES:
         module = "elastrain." + folder.replace("-", "_")
         session.run(
@@ -318,7 +300,7 @@ def typecheck(session: nox.Session) -> None:
 @discards_venv_in_ci
 def build(session: nox.Session) -> None:
     """Build every wheel, check none ships elastrain/__init__.py, then install and import them in clean venvs."""
-    session.install(*install_options(session), "build", "hatchling")
+    session.install(*CONSTRAINTS, "build", "hatchling")
     dist = Path(session.create_tmp()) / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     wheels: dict[str, Path] = {}
@@ -340,7 +322,7 @@ def build(session: nox.Session) -> None:
         session.run(sys.executable, "-m", "venv", str(venv), external=True)
         python = str(venv / "bin" / "python")
         wheel_paths = [str(wheels[folder]) for folder in folders]
-        session.run(python, "-m", "pip", "install", "-q", *install_options(session), *wheel_paths, external=True)
+        session.run(python, "-m", "pip", "install", "-q", *CONSTRAINTS, *wheel_paths, external=True)
         modules = ["elastrain." + folder.replace("-", "_") for folder in folders]
         checker = str(ROOT / "tools" / "check_installed.py")
         session.run(python, checker, *modules, "--absent", *absent, external=True)
@@ -357,7 +339,7 @@ def bench(session: nox.Session, name: str) -> None:
     project = tomllib.loads((ROOT / "benchmarks" / name / "requirements.toml").read_text())
     install_packages(session, *project["packages"])
     if project.get("requirements"):
-        session.install(*install_options(session), *project["requirements"])
+        session.install(*CONSTRAINTS, *project["requirements"])
     if project.get("optional_horovod") and "--no-horovod" not in session.posargs:
         install_horovod(session, required=False)
     session.run(
@@ -374,7 +356,7 @@ def bench(session: nox.Session, name: str) -> None:
 @nox.session(python=PYTHON)
 def bench_report(session: nox.Session) -> None:
     """benchmarks/results/REPORT.md (ratios against every baseline) and ratios.png from the result files."""
-    session.install(*install_options(session), "matplotlib")
+    session.install(*CONSTRAINTS, "matplotlib")
     session.run("python", str(ROOT / "benchmarks" / "report.py"))
 
 
@@ -385,7 +367,7 @@ def integration(session: nox.Session, scenario: str) -> None:
     """One scenario of integration/scenarios.toml, in a venv holding only the packages it names."""
     spec = SCENARIOS[scenario]
     install_packages(session, *spec["packages"], extras={k: tuple(v) for k, v in spec.get("extras", {}).items()})
-    session.install(*install_options(session), *TEST_REQUIREMENTS, *spec.get("requirements", ()))
+    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *spec.get("requirements", ()))
     if spec.get("horovod"):
         install_horovod(session)
     RESULTS.mkdir(exist_ok=True)
@@ -406,7 +388,7 @@ def demo(session: nox.Session) -> None:
     """The main job: an elastic training run on a local Ray that loses a worker and recovers, with checkpoints,
     run tracking and the dashboard. ``-- --address ADDR --storage s3://...`` points it elsewhere."""
     install_packages(session, "executor", "durable", "state", "dashboard-api", extras={"durable": ("s3", "gcs")})
-    session.install(*install_options(session), "torch", "numpy")
+    session.install(*CONSTRAINTS, "torch", "numpy")
     session.run("python", str(ROOT / "integration" / "demo" / "demo.py"), *session.posargs, env=RAY_ENV)
 
 
@@ -415,7 +397,7 @@ def demo(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The documentation site (mkdocs.yml, mkdocs-material) built into site/ in strict mode: a broken link or
     anchor, a page missing from the nav or a missing benchmark report fails it."""
-    session.install(*install_options(session), "mkdocs", "mkdocs-material")
+    session.install(*CONSTRAINTS, "mkdocs", "mkdocs-material")
     site = ROOT / "site"
     # NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner on every build (not a build warning).
     env = {"NO_MKDOCS_2_WARNING": "1"}
