@@ -8,11 +8,13 @@ applied twice.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,15 +64,24 @@ def reference(steps: int) -> list[float]:
     return [float(v) for v in model.weight.detach().flatten()]
 
 
-def train_model(steps: int, step_sleep_s: float) -> list[float]:
+def train_model(steps: int, step_sleep_s: float, stop_file: str | None = None) -> list[float]:
+    """``stop_file``, once it exists, holds the step to end at instead of ``steps`` (written well ahead)."""
+    import os
+
     import torch.distributed as dist
 
     model, optimizer = make_model()
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
 
+    def last_step() -> int:
+        if stop_file is not None and os.path.exists(stop_file):
+            with open(stop_file) as reader:
+                return int(reader.read())
+        return steps
+
     @elastic.run
     def train(state: elastic.TorchState) -> list[float]:
-        while state.step < steps:
+        while state.step < last_step():
             rank, size = dist.get_rank(), dist.get_world_size()
             inputs, targets = step_batch(state.step)
             optimizer.zero_grad()
@@ -93,10 +104,12 @@ def executor(**kwargs: Any) -> RayExecutor:
     return RayExecutor(settings, min_workers=1, max_workers=2, elastic_timeout=120, **kwargs)
 
 
-def test_five_worker_kills_in_a_row_lose_nothing(cluster: Any) -> None:
+def test_five_worker_kills_in_a_row_lose_nothing(cluster: Any, tmp_path: Path) -> None:
     import ray
 
-    steps = 700
+    steps = 100_000  # ended by the stop file once the kills are done, however long recoveries take
+    stop_file = tmp_path / "stop"
+    last_step: list[int] = []
     kills: list[int] = []
     wanted_kills = 5
     lock = threading.Lock()
@@ -109,8 +122,12 @@ def test_five_worker_kills_in_a_row_lose_nothing(cluster: Any) -> None:
                 steps_since_full[0] = 0
                 return
             steps_since_full[0] += 1
+            if len(kills) == wanted_kills and steps_since_full[0] >= 10 and not last_step:
+                last_step.append(message["step"] + 100)
+                (tmp_path / "stop.tmp").write_text(str(last_step[0]))
+                os.replace(tmp_path / "stop.tmp", stop_file)
             # Kill again once the replacement of the last victim joined and a few steps ran at full size.
-            if len(kills) < wanted_kills and steps_since_full[0] >= 10 and message["step"] < steps - 150:
+            if len(kills) < wanted_kills and steps_since_full[0] >= 10:
                 session = ex._elastic
                 driver = session.driver if session is not None else None
                 actors = driver.actors() if driver is not None else {}
@@ -121,12 +138,12 @@ def test_five_worker_kills_in_a_row_lose_nothing(cluster: Any) -> None:
 
     with ex:
         ex.start()
-        results = ex.run(train_model, args=[steps, 0.02], callbacks=[on_message])
+        results = ex.run(train_model, args=[steps, 0.02, str(stop_file)], callbacks=[on_message])
         stats = ex._elastic.last_stats  # type: ignore[union-attr]
     assert len(kills) == wanted_kills
     assert stats is not None
     assert stats.resets >= wanted_kills
-    expected = reference(steps)
+    expected = reference(last_step[0])
     assert results, "no worker finished"
     for weights in results:
         assert weights == pytest.approx(expected, rel=1e-9, abs=1e-12)

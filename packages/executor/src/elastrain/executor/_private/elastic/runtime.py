@@ -43,7 +43,7 @@ class WorkerRemoved(Exception):
 
 @dataclasses.dataclass
 class ElasticOptions:
-    rendezvous_timeout_s: float  # how long a worker waits for its next group (elastic_timeout)
+    rendezvous_timeout_s: float  # how long a worker waits for its next group (a margin beyond elastic_timeout)
     formation_timeout_s: float  # how long forming a group may take once published (timeout_s)
     collective_timeout_s: float
     backend: str | None  # None: gloo on CPU, nccl with GPUs
@@ -76,7 +76,7 @@ class Runtime:
             if remaining <= 0:
                 raise TimeoutError(
                     f"Worker {self.worker_id} waited {self.options.rendezvous_timeout_s} s for the next group "
-                    "without one forming (elastic_timeout)."
+                    "without one forming (elastic_timeout and a margin; is the job's driver still running?)."
                 )
             world = ray.get(self.coordinator.join.remote(self.worker_id, self.generation, min(remaining, 5.0)))
         member = world.member(self.worker_id)

@@ -19,6 +19,10 @@ from elastrain.executor._private.worker import Worker
 _CALLBACK_DRAIN_S = 10.0
 
 
+# How much longer than elastic_timeout a worker waits for its next group (see ElasticOptions).
+_WORKER_WAIT_MARGIN_S = 15.0
+
+
 def discovery_for(options: ExecutorOptions, settings: ExecutorSettings) -> HostDiscovery:
     if options.override_discovery:
         return RayHostDiscovery(
@@ -81,7 +85,9 @@ class ElasticSession:
             sink=self.sink,
             worker_class=self.worker_class,
             elastic_options=ElasticOptions(
-                rendezvous_timeout_s=self.options.elastic_timeout,
+                # Longer than the driver's own below-min_workers limit: the driver knows why no group forms and
+                # says so; the workers' limit only guards against a driver that stopped answering.
+                rendezvous_timeout_s=self.options.elastic_timeout + _WORKER_WAIT_MARGIN_S,
                 formation_timeout_s=self.settings.timeout_s,
                 collective_timeout_s=self.settings.collective_timeout_s,
                 backend=None,
