@@ -13,6 +13,7 @@ from elastrain.discovery import (
     HostDiscovery,
     HostEvent,
     HostManager,
+    HostManagerStoppedError,
     StaticHostDiscovery,
 )
 from elastrain_testutils.waiting import wait_until
@@ -114,6 +115,20 @@ def test_wait_for_slots_returns_once_enough_slots_exist() -> None:
         finally:
             timer.cancel()
         assert {h: info.slots for h, info in hosts.items()} == {"h1": 1, "h2": 3}
+
+
+def test_stop_ends_a_wait_for_slots_at_once() -> None:
+    """Shutting a job down while it waits for slots must not wait out the (often long) timeout."""
+    manager = HostManager(StaticHostDiscovery("h1:1"), poll_interval_s=0.02).start()
+    timer = threading.Timer(0.2, manager.stop)
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(HostManagerStoppedError, match=r"stopped while waiting for at least 4 slots; saw 1"):
+            manager.wait_for_slots(4, timeout_s=60)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 10
 
 
 def test_wait_for_slots_polls_itself_when_not_started() -> None:

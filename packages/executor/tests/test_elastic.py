@@ -242,9 +242,10 @@ def test_shutdown_from_another_thread_ends_a_running_job() -> None:
     def workers_gone() -> bool:
         return not any(_running(pid) for pid in pids)
 
-    while not workers_gone() and time.monotonic() < deadline + 30:
+    gone_by = time.monotonic() + 30
+    while not workers_gone() and time.monotonic() < gone_by:
         time.sleep(0.2)
-    assert workers_gone()
+    assert workers_gone(), f"worker processes still running 30 s after shutdown: {[p for p in pids if _running(p)]}"
 
 
 def _running(pid: int) -> bool:
@@ -263,5 +264,44 @@ def test_extra_env_vars_reach_elastic_workers() -> None:
     discovery = StaticHostDiscovery("host-1:2")
     with elastic_executor(discovery, min_workers=2, max_workers=2) as executor:
         executor.start(extra_env_vars={"ELASTRAIN_TEST_SETTING": "from-start"})
-        # A plain function returns as soon as the first group runs it, so one or two results.
-        assert set(executor.run(environment_of_worker, args=["ELASTRAIN_TEST_SETTING"])) == {"from-start"}
+        assert executor.run(environment_of_worker, args=["ELASTRAIN_TEST_SETTING"]) == ["from-start"] * 2
+
+
+def pid_of_worker() -> int:
+    return os.getpid()
+
+
+def test_a_plain_function_runs_once_on_every_worker() -> None:
+    """Not under elastic.run, a function joins no group: each started worker runs it, and every result returns."""
+    discovery = StaticHostDiscovery("host-1:3")
+    with elastic_executor(discovery, min_workers=2) as executor:
+        executor.start()
+        pids = executor.run(pid_of_worker)
+    assert len(pids) == 3
+    assert len(set(pids)) == 3
+
+
+def test_shutdown_ends_a_job_still_waiting_for_min_workers() -> None:
+    discovery = StaticHostDiscovery("host-1:1")
+    executor = elastic_executor(discovery, min_workers=4, elastic_timeout=120)
+    executor.start()
+    outcome: list[BaseException | int] = []
+
+    def job() -> None:
+        try:
+            outcome.extend(executor.run(pid_of_worker))
+        except BaseException as error:
+            outcome.append(error)
+
+    runner = threading.Thread(target=job)
+    runner.start()
+    time.sleep(1.0)  # the call is now waiting for 4 slots where 1 exists
+    start = time.monotonic()
+    executor.shutdown()
+    runner.join(30)
+    assert not runner.is_alive(), "run() still waiting for slots 30 s after shutdown()"
+    assert time.monotonic() - start < 30
+    [error] = outcome
+    assert isinstance(error, elastic.ElasticJobError)
+    assert "stopped before it started" in str(error)
+    assert "shut down" in str(error)

@@ -7,7 +7,12 @@ from elastrain.discovery._private.assignment import SlotInfo, assign_slots
 from elastrain.discovery._private.blacklist import Blacklist
 from elastrain.discovery._private.events import HostChange, HostEvent
 from elastrain.discovery._private.hosts import HostDiscovery, HostDiscoveryError, HostInfo
-from elastrain.discovery._private.manager import AllHostsBlacklistedError, HostListener, HostManager
+from elastrain.discovery._private.manager import (
+    AllHostsBlacklistedError,
+    HostListener,
+    HostManager,
+    HostManagerStoppedError,
+)
 from elastrain.discovery._private.ray_discovery import RayHostDiscovery
 from elastrain.discovery._private.script import ScriptHostDiscovery
 from elastrain.discovery._private.static import StaticHostDiscovery
@@ -28,6 +33,7 @@ __all__ = [
     "HostListener",
     "Blacklist",
     "AllHostsBlacklistedError",
+    "HostManagerStoppedError",
     # placing workers
     "SlotInfo",
     "assign_slots",

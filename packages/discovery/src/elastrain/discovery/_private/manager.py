@@ -23,6 +23,10 @@ class AllHostsBlacklistedError(RuntimeError):
     """Every host the discovery reports is blacklisted, and none returns before the wait's deadline."""
 
 
+class HostManagerStoppedError(RuntimeError):
+    """The host manager was stopped while a wait on it was in progress (e.g. the job was shut down)."""
+
+
 class HostManager:
     """The hosts a job can use now: what the discovery reports, minus blacklisted hosts.
 
@@ -217,17 +221,25 @@ class HostManager:
     def wait_for_slots(self, min_slots: int, timeout_s: float) -> dict[str, HostInfo]:
         """Block until the usable hosts have at least ``min_slots`` slots; return those hosts.
 
-        Raises :class:`TimeoutError` naming what was seen once ``timeout_s`` passes, and
+        Raises :class:`TimeoutError` naming what was seen once ``timeout_s`` passes,
         :class:`AllHostsBlacklistedError` at once when every discovered host is blacklisted and none comes
-        back before the deadline. Without a running poll thread the wait polls on the calling thread.
+        back before the deadline, and :class:`HostManagerStoppedError` as soon as :meth:`stop` is called
+        during a wait that began while the manager was running. Without a running poll thread the wait polls
+        on the calling thread.
         """
         check_positive("min_slots", min_slots, integer=True)
         check_positive("timeout_s", timeout_s)
         deadline = time.monotonic() + timeout_s
+        polled_in_background = self.running
         while True:
-            if not self.running:
+            if not polled_in_background:
                 self.refresh()
             with self._changed:
+                if polled_in_background and not self.running:
+                    # Whoever stopped the manager is ending the job: waiting on would only hold them up.
+                    raise HostManagerStoppedError(
+                        f"The host manager was stopped while {self._describe_shortfall(min_slots)}"
+                    )
                 slots = sum(host.slots for host in self._usable.values())
                 if slots >= min_slots:
                     return dict(self._usable)

@@ -90,8 +90,7 @@ class StateActor:
     # -- reads -----------------------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        run = self.table.get(run_id)
-        return None if run is None else run.model_dump(mode="json")
+        return self.table.get_data(run_id)
 
     def list_runs(
         self,
@@ -101,10 +100,9 @@ class StateActor:
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
-        runs, next_cursor = self.table.page(
+        return self.table.page_data(
             status=None if status is None else RunStatus(status), job_id=job_id, name=name, limit=limit, cursor=cursor
         )
-        return [run.model_dump(mode="json") for run in runs], next_cursor
 
     def info(self) -> dict[str, Any]:
         """Counts and snapshot facts, for health checks and the dashboard's metrics."""
@@ -155,10 +153,10 @@ class StateActor:
             return
         with self._write_lock:
             with self._lock:
-                runs = self.table.all()
+                documents = self.table.all_documents()
                 self._dirty = False
             try:
-                self._snapshots.write(runs)
+                self._snapshots.write(documents)
             except BaseException:
                 self._dirty = True  # the next round writes it again
                 raise

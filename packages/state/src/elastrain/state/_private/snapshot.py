@@ -33,14 +33,11 @@ class Snapshots:
         document = json.loads(data)
         return [TrainRunInfo.model_validate(migrate(run)) for run in document.get("runs", [])]
 
-    def write(self, runs: list[TrainRunInfo]) -> None:
+    def write(self, runs: list[str]) -> None:
+        """Write every run, given as its JSON document (as the state actor keeps them: no model is rebuilt)."""
         started = time.perf_counter()
-        document = {
-            "schema_version": SCHEMA_VERSION,
-            "written_at": time.time(),
-            "runs": [r.model_dump(mode="json") for r in runs],
-        }
-        data = json.dumps(document, separators=(",", ":")).encode()
+        header = json.dumps({"schema_version": SCHEMA_VERSION, "written_at": time.time()}, separators=(",", ":"))
+        data = f'{header[:-1]},"runs":[{",".join(runs)}]}}'.encode()
         if self.local:
             temporary = f"{self.path}.{uuid.uuid4().hex}.tmp"
             with open(temporary, "wb") as writer:

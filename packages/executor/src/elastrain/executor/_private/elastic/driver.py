@@ -8,6 +8,7 @@ actor costs seconds; the survivors don't wait for it).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastrain.discovery import HostChange, HostEvent, HostManager
+from elastrain.discovery import HostChange, HostEvent, HostManager, HostManagerStoppedError
 from elastrain.executor._private.elastic.runtime import ElasticOptions
 from elastrain.executor._private.elastic.world import World, make_world
 from elastrain.executor._private.errors import ExecutorError, WorkerError
@@ -57,9 +58,10 @@ class _Worker:
 
 @dataclass
 class _Finish:
-    generation: int
+    generation: int  # 0: the function never joined a group (it is not under elastic.run)
     rank: int
     value: Any
+    spawned_at: float
 
 
 @dataclass
@@ -95,6 +97,7 @@ class ElasticDriver:
         self.stats = ElasticStats()
         self._ids = itertools.count()
         self._workers: dict[str, _Worker] = {}
+        self._retired: list[Any] = []  # handles of workers no longer tracked, killed when the call ends
         self._generation = 0
         self._world: World | None = None
         self._members_by_generation: dict[int, set[str]] = {}
@@ -123,6 +126,9 @@ class ElasticDriver:
         try:
             try:
                 self.manager.wait_for_slots(self.options.num_workers, self.options.elastic_timeout)
+            except HostManagerStoppedError:
+                reason = self._stop_reason or "its host manager was stopped"
+                raise ElasticJobError(f"The elastic job was stopped before it started: {reason}.") from None
             except TimeoutError as error:
                 raise ElasticJobError(f"The elastic job could not start: {error}") from None
             self._fill()
@@ -153,6 +159,7 @@ class ElasticDriver:
                 done = self._finished_results(finished)
                 if done is not None:
                     return done
+                self._give_up_on_slow_starts()
                 continue
             lost |= self._apply_host_events()
             self._give_up_on_slow_starts()
@@ -167,6 +174,12 @@ class ElasticDriver:
     def _finished_results(self, finished: list[_Finish]) -> list[Any] | None:
         """Once a worker finished, the members of its world finish too; newer joiners are let go."""
         generation = finished[0].generation
+        if generation == 0:
+            # A plain function joins no group: each worker that starts runs it once, and the call ends when
+            # none is left running or starting. No ranks, so results come in the order workers were started.
+            if any(not w.stopping and not w.spare for w in self._workers.values()):
+                return None
+            return [f.value for f in sorted(finished, key=lambda f: f.spawned_at)]
         members = {m.worker_id for m in self._world.members} if self._world else set()
         still_running = [
             w for w in self._workers.values() if w.run_ref is not None and w.worker_id in members and not w.stopping
@@ -291,6 +304,9 @@ class ElasticDriver:
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as error:
+            if isinstance(error, ray.exceptions.RayTaskError):
+                # Its task failed on another actor's death (the rendezvous went away); the process still runs.
+                ray.kill(worker.actor, no_restart=True)
             if not worker.stopping:
                 self._on_died(worker, _first_line(error))
             self._forget(worker)
@@ -305,7 +321,7 @@ class ElasticDriver:
         if outcome is None:  # left out of the next world: stopped without a result
             return None
         generation, rank, value = outcome
-        return _Finish(generation, rank, value)
+        return _Finish(generation, rank, value, worker.spawned_at)
 
     def _on_died(self, worker: _Worker, reason: str) -> None:
         self._forget(worker)
@@ -327,6 +343,9 @@ class ElasticDriver:
 
     def _forget(self, worker: _Worker) -> None:
         self._workers.pop(worker.worker_id, None)
+        # Killed when the call ends even if its process still runs: a handle kept alive elsewhere (say, by an
+        # error's traceback) must not keep an idle worker holding its CPUs.
+        self._retired.append(worker.actor)
 
     def _apply_host_events(self) -> bool:
         changed = False
@@ -462,6 +481,10 @@ class ElasticDriver:
             worker.stopping = True
             ray.kill(worker.actor, no_restart=True)
         self._workers.clear()
+        for actor in self._retired:
+            with contextlib.suppress(Exception):  # already gone: nothing to stop
+                ray.kill(actor, no_restart=True)
+        self._retired.clear()
 
 
 def _first_line(error: BaseException) -> str:
