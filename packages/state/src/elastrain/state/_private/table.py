@@ -3,9 +3,10 @@
 Runs are ordered newest first by (start time, id). Every filter (status, job id, name) has its own sorted
 index, so a filtered page starts at the cursor with a binary search and reads only runs that match.
 
-Each run is kept as its compact JSON document (validated on the way in) next to the few fields the indexes
-need: a quarter of the memory its model objects take (a run with 4 workers: 1.7 KiB instead of 6.4 KiB
-measured with tracemalloc), and a page is read out as fast as models were serialized.
+A finished run is kept as its compact JSON document (validated on the way in) next to the few fields the
+indexes need: a quarter of the memory its model objects take (a run with 4 workers: 1.7 KiB instead of
+6.4 KiB measured with tracemalloc), and a page is read out as fast as models were serialized. Runs still
+going keep their model: they are few, and updated often.
 """
 
 from __future__ import annotations
@@ -29,23 +30,41 @@ class _Row:
     status: RunStatus
     job_id: str
     name: str
-    document: str  # TrainRunInfo.model_dump_json()
+    # Exactly one of the two. Runs still going are updated often (workers, metrics), so their model stays built;
+    # finished runs, the bulk of the table, keep only their JSON document.
+    model: TrainRunInfo | None
+    document: str | None
 
     @classmethod
     def of(cls, run: TrainRunInfo) -> _Row:
-        return cls((-run.start_time_ms, run.id), run.run_status, run.job_id, run.name, run.model_dump_json())
+        finished = run.run_status.is_terminal
+        return cls(
+            (-run.start_time_ms, run.id),
+            run.run_status,
+            run.job_id,
+            run.name,
+            None if finished else run,
+            run.model_dump_json() if finished else None,
+        )
 
     @property
     def id(self) -> str:
         return self.key[1]
 
     def run(self) -> TrainRunInfo:
-        return TrainRunInfo.model_validate_json(self.document)
+        if self.model is not None:
+            return self.model
+        return TrainRunInfo.model_validate_json(self.json())
 
     def data(self) -> dict[str, Any]:
-        """The run as ``model_dump(mode="json")`` would give it."""
-        data: dict[str, Any] = pydantic_core.from_json(self.document)  # about twice as fast as json.loads
+        """The run as ``model_dump(mode="json")`` gives it."""
+        if self.model is not None:
+            return self.model.model_dump(mode="json")
+        data: dict[str, Any] = pydantic_core.from_json(self.json())  # about twice as fast as json.loads
         return data
+
+    def json(self) -> str:
+        return self.document if self.document is not None else self.run().model_dump_json()
 
 
 class RunTable:
@@ -78,7 +97,7 @@ class RunTable:
 
     def all_documents(self) -> list[str]:
         """Every run's JSON document, newest first (what a snapshot writes)."""
-        return [self._rows[key[1]].document for key in self._order]
+        return [self._rows[key[1]].json() for key in self._order]
 
     def put(self, run: TrainRunInfo) -> TrainRunInfo:
         """Store ``run`` (replacing the run with its id); then drop the oldest finished runs beyond max_runs."""
