@@ -36,6 +36,30 @@ def test_worker_error_names_the_rank_and_carries_the_traceback() -> None:
         assert ex.run(lambda: context().rank) == [0, 1]
 
 
+def call_a_dead_actor() -> int:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Helper:
+        def ping(self) -> int:
+            return 1
+
+    helper = Helper.remote()  # type: ignore[attr-defined]
+    ray.get(helper.ping.remote(), timeout=30)
+    ray.kill(helper)
+    return int(ray.get(helper.ping.remote(), timeout=30))
+
+
+def test_a_worker_raising_because_another_actor_died_is_an_error_not_a_death() -> None:
+    """The worker lived: the caller gets its traceback, and the executor stays usable."""
+    with executor(1) as ex:
+        ex.start()
+        with pytest.raises(WorkerError, match=r"Rank 0 worker raised an error") as caught:
+            ex.run(call_a_dead_actor)
+        assert "call_a_dead_actor" in caught.value.remote_traceback
+        assert ex.run(lambda: context().rank) == [0]
+
+
 def stuck_in_allreduce_unless_rank_one() -> None:
     import torch
     import torch.distributed as dist

@@ -64,7 +64,9 @@ class WorkerCalls(WorkerGroup):
         import ray
 
         node_id = self._placements[rank].node.node_id
-        died = isinstance(error, ray.exceptions.RayActorError)
+        # A task that raised because some other actor died is both a RayTaskError and a RayActorError: the
+        # worker itself lived, and the user needs its traceback.
+        died = isinstance(error, ray.exceptions.RayActorError) and not isinstance(error, ray.exceptions.RayTaskError)
         failure: Exception
         if died:
             failure = WorkerDiedError(rank, node_id, _first_line(str(error)))
