@@ -107,6 +107,7 @@ class ElasticDriver:
         self._below_min_since: float | None = None
         self._stop_reason: str | None = None
         self._stopped = threading.Event()
+        self._ended = threading.Event()
         self.spare_worker = spare_worker
         self.watch = watch or RunWatch([])
         self._no_spare_until = 0.0
@@ -133,9 +134,19 @@ class ElasticDriver:
                 raise ElasticJobError(f"The elastic job could not start: {error}") from None
             self._fill()
             return self._supervise(ray, payload, call_id)
+        except Exception as error:
+            if self._stopped.is_set() and not isinstance(error, ElasticJobError):
+                # Stopping tears down the rendezvous too; whatever that broke mid-step, the cause is the stop.
+                raise ElasticJobError(f"The elastic job was stopped: {self._stop_reason}.") from error
+            raise
         finally:
             remove_listener()
             self._stop_all(ray)
+            self._ended.set()
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Wait until ``run`` has stopped its workers and returned (after :meth:`stop`); whether it has."""
+        return self._ended.wait(timeout_s)
 
     def _supervise(self, ray: Any, payload: Any, call_id: int) -> list[Any]:
         finished: list[_Finish] = []

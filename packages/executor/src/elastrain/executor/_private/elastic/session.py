@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,10 @@ from elastrain.executor._private.placement import control_actor_options
 from elastrain.executor._private.settings import ExecutorSettings
 from elastrain.executor._private.worker import Worker
 
+logger = logging.getLogger("elastrain.executor")
 _CALLBACK_DRAIN_S = 10.0
+# How long shutdown() lets a running call stop its workers before the rendezvous actors go.
+_SHUTDOWN_WAIT_S = 10.0
 
 
 # How much longer than elastic_timeout a worker waits for its next group (see ElasticOptions).
@@ -124,6 +128,8 @@ class ElasticSession:
         driver = self.driver
         if driver is not None:  # a call still running in another thread ends, and its workers with it
             driver.stop("the executor was shut down while it ran")
-        self.manager.stop()
+        self.manager.stop()  # ends a call still waiting for hosts
+        if driver is not None and not driver.wait_ended(_SHUTDOWN_WAIT_S):
+            logger.warning("The running elastic call did not stop within %s s; killing its actors.", _SHUTDOWN_WAIT_S)
         ray.kill(self.coordinator, no_restart=True)
         ray.kill(self.sink, no_restart=True)
