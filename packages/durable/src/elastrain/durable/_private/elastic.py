@@ -20,9 +20,6 @@ from elastrain.durable._private.sync_client import SyncClient
 
 logger = logging.getLogger("elastrain.durable")
 _STATE_FILE = "state.pkl"
-# A copy whose save failed is tried again after these pauses, unless a newer one comes first. The store's own
-# retries span about a second and a half; these ride out a storage server restarting (tens of seconds).
-_RETRY_PAUSES_S = (2.0, 4.0, 8.0, 16.0)
 
 
 class StatePersistence:
@@ -30,8 +27,7 @@ class StatePersistence:
 
     Rank 0 pickles the committed copy every ``every`` commits and saves it in the background: the training
     thread only hands the copy over and never waits (while an upload runs, the newest copy waits its turn and
-    older ones are dropped, so a slow store persists less often, never blocks a collective; a copy whose save
-    fails is tried again for about half a minute, unless a newer one comes first). When a job starts
+    older ones are dropped, so a slow store persists less often, never blocks a collective). When a job starts
     with no committed state anywhere, every worker loads the latest persisted one (falling back to an older
     one if it is corrupted). Snapshots are pickles: load only from storage you trust, as with ``torch.load``.
     """
@@ -66,7 +62,6 @@ class StatePersistence:
         self._writing = False  # a writer thread is running (changed only under _lock)
         self._idle = threading.Event()
         self._idle.set()
-        self._newer_copy = threading.Event()  # set when a copy is queued: a failed older one stops retrying
         self._last_error: BaseException | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -93,7 +88,6 @@ class StatePersistence:
             return
         with self._lock:
             self._queued = (state.snapshot(), state.commits)
-            self._newer_copy.set()
             self._idle.clear()
             if not self._writing:
                 self._writing = True
@@ -132,25 +126,16 @@ class StatePersistence:
         while True:
             with self._lock:
                 queued, self._queued = self._queued, None
-                self._newer_copy.clear()
                 if queued is None:
                     self._writing = False
                     self._idle.set()
                     return
-            self._persist_with_retries(*queued)
-
-    def _persist_with_retries(self, snapshot: Any, commits: int) -> None:
-        for pause in (*_RETRY_PAUSES_S, None):
             try:
-                self._persist(snapshot, commits)
+                self._persist(*queued)
                 self._last_error = None
-                return
             except Exception as error:  # reported here and by flush(); training goes on
                 self._last_error = error
-                retry = "" if pause is None else f"; trying again in {pause:.0f} s unless a newer copy comes first"
-                logger.warning("Persisting elastic state (commit %d) failed: %s%s", commits, error, retry)
-            if pause is None or self._newer_copy.wait(pause):
-                return
+                logger.warning("Persisting elastic state (commit %d) failed: %s", queued[1], error)
 
     def _persist(self, snapshot: Any, commits: int) -> None:
         scratch = tempfile.mkdtemp(prefix="elastrain-persist-")
