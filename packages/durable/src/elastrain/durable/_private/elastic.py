@@ -108,9 +108,16 @@ class StatePersistence:
         return snapshot, commits
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until the newest handed-over copy is persisted; raise the last upload's error, if any."""
+        """Wait until the newest handed-over copy is persisted and collected; raise the last upload's error, if any.
+
+        Collection is waited for too: the worker process may be stopped as soon as the job returns, and a
+        collection cut short would leave more than ``num_to_keep`` copies behind.
+        """
         if not self._idle.wait(timeout):
             raise TimeoutError(f"Persisting state to {self.uri} is still running after {timeout} s.")
+        store = self._store
+        if store is not None:
+            store.wait(timeout)
         error, self._last_error = self._last_error, None
         if error is not None:
             raise error
