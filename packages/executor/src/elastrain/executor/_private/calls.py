@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from elastrain.executor._private.backends.base import WorkerGroup
-from elastrain.executor._private.errors import WorkerDiedError, WorkerError
+from elastrain.executor._private.errors import WorkerDiedError, WorkerError, worker_actor_died
 from elastrain.executor._private.placement import WorkerPlacement, wait_ready
 
 logger = logging.getLogger("elastrain.executor")
@@ -64,9 +64,7 @@ class WorkerCalls(WorkerGroup):
         import ray
 
         node_id = self._placements[rank].node.node_id
-        # A task that raised because some other actor died is both a RayTaskError and a RayActorError: the
-        # worker itself lived, and the user needs its traceback.
-        died = isinstance(error, ray.exceptions.RayActorError) and not isinstance(error, ray.exceptions.RayTaskError)
+        died = worker_actor_died(error)
         failure: Exception
         if died:
             failure = WorkerDiedError(rank, node_id, _first_line(str(error)))

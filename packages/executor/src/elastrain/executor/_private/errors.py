@@ -34,3 +34,14 @@ class PlacementError(ExecutorError):
 
 class ExecutorNotStartedError(ExecutorError):
     """A method that needs workers was called before ``start()`` or after ``shutdown()``."""
+
+
+def worker_actor_died(error: BaseException) -> bool:
+    """Whether a failed call means the worker's own actor died, not that its function raised.
+
+    A task that raised because some other actor it called had died is both a ``RayTaskError`` and a
+    ``RayActorError``: its worker lived, and the caller needs the worker's traceback.
+    """
+    import ray
+
+    return isinstance(error, ray.exceptions.RayActorError) and not isinstance(error, ray.exceptions.RayTaskError)

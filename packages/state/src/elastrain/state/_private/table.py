@@ -30,41 +30,33 @@ class _Row:
     status: RunStatus
     job_id: str
     name: str
-    # Exactly one of the two. Runs still going are updated often (workers, metrics), so their model stays built;
-    # finished runs, the bulk of the table, keep only their JSON document.
-    model: TrainRunInfo | None
-    document: str | None
+    # Runs still going are updated often (workers, metrics), so their model stays built; finished runs, the bulk
+    # of the table, keep only their JSON document.
+    content: TrainRunInfo | str
 
     @classmethod
     def of(cls, run: TrainRunInfo) -> _Row:
-        finished = run.run_status.is_terminal
-        return cls(
-            (-run.start_time_ms, run.id),
-            run.run_status,
-            run.job_id,
-            run.name,
-            None if finished else run,
-            run.model_dump_json() if finished else None,
-        )
+        content = run.model_dump_json() if run.run_status.is_terminal else run
+        return cls((-run.start_time_ms, run.id), run.run_status, run.job_id, run.name, content)
 
     @property
     def id(self) -> str:
         return self.key[1]
 
     def run(self) -> TrainRunInfo:
-        if self.model is not None:
-            return self.model
-        return TrainRunInfo.model_validate_json(self.json())
+        if isinstance(self.content, str):
+            return TrainRunInfo.model_validate_json(self.content)
+        return self.content
 
     def data(self) -> dict[str, Any]:
         """The run as ``model_dump(mode="json")`` gives it."""
-        if self.model is not None:
-            return self.model.model_dump(mode="json")
-        data: dict[str, Any] = pydantic_core.from_json(self.json())  # about twice as fast as json.loads
-        return data
+        if isinstance(self.content, str):
+            data: dict[str, Any] = pydantic_core.from_json(self.content)  # about twice as fast as json.loads
+            return data
+        return self.content.model_dump(mode="json")
 
     def json(self) -> str:
-        return self.document if self.document is not None else self.run().model_dump_json()
+        return self.content if isinstance(self.content, str) else self.content.model_dump_json()
 
 
 class RunTable:
@@ -120,10 +112,15 @@ class RunTable:
         cursor: str | None = None,
     ) -> tuple[list[TrainRunInfo], str | None]:
         """Runs newest first that match every given filter, after ``cursor``; and the cursor of the next page."""
-        rows, next_cursor = self._page(status, job_id, name, limit, cursor)
+        rows, next_cursor = self._page(status=status, job_id=job_id, name=name, limit=limit, cursor=cursor)
         return [row.run() for row in rows], next_cursor
 
-    def page_data(
+    def page_data(self, **filters: Any) -> tuple[list[dict[str, Any]], str | None]:
+        """:meth:`page` (same arguments) as JSON-ready data, without building models."""
+        rows, next_cursor = self._page(**filters)
+        return [row.data() for row in rows], next_cursor
+
+    def _page(
         self,
         *,
         status: RunStatus | None = None,
@@ -131,13 +128,6 @@ class RunTable:
         name: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """:meth:`page` as JSON-ready data, without building models."""
-        rows, next_cursor = self._page(status, job_id, name, limit, cursor)
-        return [row.data() for row in rows], next_cursor
-
-    def _page(
-        self, status: RunStatus | None, job_id: str | None, name: str | None, limit: int, cursor: str | None
     ) -> tuple[list[_Row], str | None]:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {limit!r}.")
@@ -151,7 +141,7 @@ class RunTable:
         position = start
         while position < len(keys) and len(found) < limit:
             row = self._rows[keys[position][1]]
-            if all(value in _index_names(row) for value in filters):
+            if all(index in _index_names(row) for index in filters):
                 found.append(row)
             position += 1
         # A full page with runs left to read has a next page (which may turn out empty when none of them match).

@@ -20,7 +20,7 @@ from typing import Any
 from elastrain.discovery import HostChange, HostEvent, HostManager, HostManagerStoppedError
 from elastrain.executor._private.elastic.runtime import ElasticOptions
 from elastrain.executor._private.elastic.world import World, make_world
-from elastrain.executor._private.errors import ExecutorError, WorkerError
+from elastrain.executor._private.errors import ExecutorError, WorkerError, worker_actor_died
 from elastrain.executor._private.observers import RunWatch, worker_record
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import NodeInfo, node_alive, pin_to_host
@@ -315,8 +315,7 @@ class ElasticDriver:
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as error:
-            if isinstance(error, ray.exceptions.RayTaskError):
-                # Its task failed on another actor's death (the rendezvous went away); the process still runs.
+            if not worker_actor_died(error):  # its task failed on another actor's death (say, the rendezvous)
                 ray.kill(worker.actor, no_restart=True)
             if not worker.stopping:
                 self._on_died(worker, _first_line(error))
