@@ -84,10 +84,11 @@ class StatePersistence:
     # -- the hook elastic states call -------------------------------------------------------------------------
 
     def committed(self, state: Any) -> None:
-        if state.commits % self.every:
+        commits = _commit_count(state)
+        if commits % self.every:
             return
         with self._lock:
-            self._queued = (state.snapshot(), state.commits)
+            self._queued = (state.snapshot(), commits)
             self._idle.clear()
             if not self._writing:
                 self._writing = True
@@ -152,3 +153,9 @@ class StatePersistence:
             self.store.save_async(scratch, metrics={"commits": commits}, step=commits, staging="move").result()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _commit_count(state: Any) -> int:
+    """The state's commit count: ``commit_count``, or ``commits`` on executors that predate it."""
+    count = getattr(state, "commit_count", None)
+    return int(state.commits if count is None else count)

@@ -26,8 +26,18 @@ def init_process_group(backend: str | None = None, *, timeout_s: float | None = 
     ``backend=None`` picks ``nccl`` when this worker has a GPU that torch can use and ``gloo`` otherwise;
     with nccl the worker's own GPU becomes the current device. Calling it again in a worker whose group is
     already up does nothing. ``timeout_s`` bounds every collective (torch's default when ``None``).
+
+    In an elastic job it joins the job's current group (the counterpart of ``hvd.init()``): rank, size and the
+    process group are then available before ``@elastic.run``, which re-forms the group at every reset. There
+    ``backend`` and ``timeout_s`` are the job's (``create_settings(collective_timeout_s=...)``).
     """
     torch, dist = _import_torch_distributed()
+    from elastrain.executor._private.elastic import runtime
+
+    elastic_job = runtime.current_or_none()
+    if elastic_job is not None:
+        elastic_job.ensure_joined()
+        return str(dist.get_backend())
     worker = context()
     if dist.is_initialized():
         return str(dist.get_backend())

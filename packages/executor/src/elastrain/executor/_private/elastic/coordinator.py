@@ -15,7 +15,6 @@ from elastrain.executor._private.elastic.world import World
 class Coordinator:
     def __init__(self) -> None:
         self._world: World | None = None
-        self._pending_generation = 0  # > current generation while the driver prepares a larger world
         self._stores: dict[int, tuple[str, int]] = {}
         self._arrived: dict[int, set[str]] = {}
         self._complete: set[int] = set()  # generations whose members all arrived
@@ -29,7 +28,6 @@ class Coordinator:
         async with self._changed:
             self._world = world
             self._members_so_far.update(m.worker_id for m in world.members)
-            self._pending_generation = max(self._pending_generation, world.generation)
             for generation in [g for g in self._stores if g < world.generation]:
                 del self._stores[generation]
             for generation in [g for g in self._arrived if g < world.generation]:
@@ -90,8 +88,12 @@ class Coordinator:
             arrived.discard(worker_id)  # gone from this generation: it must not count as present
             return False
 
-    async def pending_generation(self) -> int:
-        return self._pending_generation
+    async def newer_world(self, generation: int) -> tuple[str, ...] | None:
+        """The member ids of the published world when it is newer than ``generation``; None when it is not."""
+        world = self._world
+        if world is None or world.generation <= generation:
+            return None
+        return tuple(m.worker_id for m in world.members)
 
     async def set_store(self, generation: int, host: str, port: int) -> None:
         """Rank 0 of a world tells where the world's TCPStore listens."""

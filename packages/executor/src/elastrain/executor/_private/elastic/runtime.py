@@ -9,10 +9,12 @@ import functools
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from elastrain.executor._private.context import _WorkerState
+from elastrain.executor._private.elastic.collectives import collective_device
 from elastrain.executor._private.elastic.world import Member, World
 
 if TYPE_CHECKING:
@@ -34,11 +36,30 @@ _COLLECTIVE_FAILURE_MARKERS = (
 
 
 class HostsUpdatedInterrupt(Exception):
-    """Raised on every worker at a commit when the driver has a new world for them (hosts added or removed)."""
+    """Raised on every worker at a commit when the driver has a new world for them (hosts added or removed).
+
+    Nothing is rolled back. ``skip_sync`` is True when the new world only lost members: every member then holds
+    the same state already, and only what depends on the world (a sampler's split) is synced.
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__(f"hosts updated (skip_sync={skip_sync})")
+        self.skip_sync = skip_sync
 
 
-class WorkerRemoved(Exception):
-    """This worker is not part of the next world: it stops, and its result is not reported."""
+class InternalError(RuntimeError):
+    """Raise it in training code to roll every worker back to the last commit and form a new group.
+
+    The counterpart of Horovod's ``HorovodInternalError`` (also importable under that name); collective
+    failures raised by ``torch.distributed`` are treated the same way.
+    """
+
+
+class WorkerRemoved(BaseException):
+    """This worker is not part of the next world: it stops, and its result is not reported.
+
+    A ``BaseException``, so that a user's ``except Exception`` around a commit cannot swallow it.
+    """
 
 
 @dataclasses.dataclass
@@ -60,6 +81,18 @@ class Runtime:
         self.member: Member | None = None
         self._store: Any = None
         self.resets = 0
+        # Objects bound to the current process group (elastic DistributedDataParallel): re-bound to every new
+        # group, and released before a group is left so the old group really closes.
+        self._group_users: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def add_group_user(self, user: Any) -> None:
+        """``user.bind()`` runs after each new group forms; ``user.unbind()`` before the group is left."""
+        self._group_users.add(user)
+
+    def ensure_joined(self) -> None:
+        """Join the first world now (``init_process_group()`` before ``@elastic.run``, as after ``hvd.init()``)."""
+        if self.world is None:
+            self.join_next_world()
 
     @property
     def generation(self) -> int:
@@ -128,6 +161,8 @@ class Runtime:
             timeout=datetime.timedelta(seconds=self.options.collective_timeout_s),
         )
         self._publish_context(world, member, master)
+        for user in list(self._group_users):
+            user.bind()
 
     def _publish_context(self, world: World, member: Member, master: tuple[str, int]) -> None:
         slot = member.slot
@@ -160,6 +195,8 @@ class Runtime:
     def _leave_group(self) -> None:
         import torch.distributed as dist
 
+        for user in list(self._group_users):
+            user.unbind()
         if dist.is_initialized():
             # A group whose peers died may not shut down cleanly; it is dropped either way.
             with contextlib.suppress(Exception):
@@ -169,19 +206,31 @@ class Runtime:
     def close(self) -> None:
         self._leave_group()
 
-    def pending_update(self) -> bool:
-        """Whether every worker agrees that a newer world is waiting (one small collective)."""
+    def pending_update(self) -> int:
+        """What every worker agrees is waiting (one small collective): 0 nothing, 1 a world that only lost
+        members, 2 a world with newcomers (Horovod's removed/added flags; a mix counts as added)."""
         import ray
         import torch
         import torch.distributed as dist
 
-        mine = int(ray.get(self.coordinator.pending_generation.remote()) > self.generation)
-        flag = torch.tensor([mine], dtype=torch.int32, device=_collective_device())
+        members = ray.get(self.coordinator.newer_world.remote(self.generation))
+        mine = 0
+        if members is not None:
+            current = {m.worker_id for m in self.world.members} if self.world else set()
+            mine = 1 if set(members) <= current else 2
+        flag = torch.tensor([mine], dtype=torch.int32, device=collective_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return int(flag.item())
 
-    def choose_sync_source(self, commits: int) -> tuple[int, int]:
-        """The rank whose state is newest (most commits; the lowest such rank), and its commit count.
+    def update_published(self) -> bool:
+        """Whether the driver has published a world newer than this worker's."""
+        import ray
+
+        return ray.get(self.coordinator.newer_world.remote(self.generation)) is not None
+
+    def commit_counts(self, commits: int) -> tuple[int, int, bool]:
+        """The rank whose state is newest (most commits; the lowest such rank), its count, and whether every
+        rank holds that count.
 
         Decided by the workers themselves, so a newcomer, or a worker that was published into a group but never
         received state, can never overwrite a survivor's progress.
@@ -189,11 +238,12 @@ class Runtime:
         import torch
         import torch.distributed as dist
 
-        counts = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=_collective_device())
+        counts = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=collective_device())
         counts[dist.get_rank()] = commits
         dist.all_reduce(counts)
         best = int(counts.max().item())
-        return int((counts == best).nonzero()[0].item()), best
+        uniform = int(counts.min().item()) == best
+        return int((counts == best).nonzero()[0].item()), best, uniform
 
     def report_failure(self, error: BaseException) -> None:
         """Tell the driver this group failed, so it forms a new one even when no worker died."""
@@ -217,26 +267,23 @@ def current() -> Runtime:
     return _current
 
 
+def current_or_none() -> Runtime | None:
+    return _current
+
+
 def check_host_updates() -> None:
-    if current().pending_update():
-        raise HostsUpdatedInterrupt
+    update = current().pending_update()
+    if update:
+        raise HostsUpdatedInterrupt(skip_sync=update == 1)
 
 
-def choose_sync_source(commits: int) -> tuple[int, int]:
-    return current().choose_sync_source(commits)
+def commit_counts(commits: int) -> tuple[int, int, bool]:
+    return current().commit_counts(commits)
 
 
 def rank() -> int:
     member = current().member
     return -1 if member is None else member.slot.rank
-
-
-def broadcast_object(value: Any, source: int) -> Any:
-    import torch.distributed as dist
-
-    holder = [value]
-    dist.broadcast_object_list(holder, src=source)
-    return holder[0]
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -247,6 +294,8 @@ def is_collective_failure(error: BaseException) -> bool:
             return True
     except ImportError:  # pragma: no cover - elastic jobs need torch
         pass
+    if isinstance(error, InternalError):
+        return True
     text = str(error).lower()
     return isinstance(error, RuntimeError) and any(marker in text for marker in _COLLECTIVE_FAILURE_MARKERS)
 
@@ -254,36 +303,40 @@ def is_collective_failure(error: BaseException) -> bool:
 def run(func: Callable[..., T]) -> Callable[..., T]:
     """Make ``func(state, *args, **kwargs)`` elastic: it survives peers failing and hosts coming and going.
 
-    On a collective failure the state rolls back to its last commit; on a host update it continues from the
-    commit that noticed it. Either way the worker joins the next group, the state is synced from a surviving
-    worker, the reset callbacks run, and ``func`` is called again.
+    On a collective failure (or :class:`InternalError`) the state rolls back to its last commit; on a host update
+    it keeps its work. Either way the worker joins the next group, the reset callbacks run, the state is synced
+    across the new world, and ``func`` is called again.
     """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
         runtime = current()
         rejoin = runtime.world is None
-        reset = False
+        skip_sync = False
         while True:
             try:
                 if rejoin:
                     runtime.join_next_world()
                     rejoin = False
-                state.sync()
-                if reset:
-                    state.on_reset()
+                if runtime.generation > 1:
+                    state.on_reset()  # every member of a reset's world, newcomers too; the sync evens out the rest
+                state._synchronize(skip_sync=skip_sync)
                 value = func(state, *args, **kwargs)
                 _flush_persistence(state)
                 return value
-            except HostsUpdatedInterrupt:
-                pass  # the state was committed just before the interrupt
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+                if not runtime.update_published():
+                    # Raised by the training code itself: ask the driver for a new group of the same workers.
+                    runtime.report_failure(interrupt)
             except Exception as error:
                 if not is_collective_failure(error):
                     raise
                 runtime.report_failure(error)
                 state.restore()
+                skip_sync = False
             runtime.resets += 1
-            rejoin = reset = True
+            rejoin = True
 
     return wrapper
 
@@ -297,12 +350,6 @@ def _flush_persistence(state: State) -> None:
         persistence.flush()
     except Exception as error:
         logger.warning("Persisting the final state failed: %s", _first_line(error))
-
-
-def _collective_device() -> str:
-    import torch.distributed as dist
-
-    return "cuda" if dist.get_backend() == "nccl" else "cpu"
 
 
 def _first_line(error: BaseException) -> str:

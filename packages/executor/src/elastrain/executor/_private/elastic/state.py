@@ -1,26 +1,58 @@
-"""Training state that survives resets: committed in memory, restored on failure, synced to new workers."""
+"""Training state that survives resets: committed in memory, restored on failure, synced across every new world."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastrain.executor._private.elastic import runtime
+from elastrain.executor._private.elastic.collectives import broadcast_object
+from elastrain.executor._private.elastic.handlers import StateHandler, handler_for
+
+# State's own bookkeeping lives under this one attribute, so no user value can clash with it.
+_BOOK = "_elastic"
+
+
+@dataclass
+class _Bookkeeping:
+    commits: int = 0  # commits this copy holds; picks the sync source, so it changes only after a sync succeeded
+    sync_source: int = 0  # the rank that sync() copies from, while it runs
+    reset_callbacks: list[Callable[[], None]] = field(default_factory=list)
+    persistence: Any = None
+    value_names: list[str] = field(default_factory=list)
+    saved_values: dict[str, Any] = field(default_factory=dict)
+    handlers: dict[str, StateHandler] = field(default_factory=dict)
 
 
 class State:
-    """Base class of elastic state. Subclasses implement :meth:`save`, :meth:`restore` and :meth:`sync`.
+    """Base class of elastic state: subclasses implement :meth:`save`, :meth:`restore` and :meth:`sync`.
 
-    ``commit()`` saves an in-memory copy and checks for host updates; on a failure the job rolls back to the last
-    commit, so only the steps after it are redone. After every reset, ``sync()`` makes every worker hold the
-    state of a surviving worker, then the reset callbacks run.
+    ``commit()`` saves an in-memory copy and checks for host updates; a failure rolls the job back to the last
+    commit, so only the steps after it are redone. At every reset the reset callbacks run, then ``sync()`` makes
+    every worker of the new world hold the state of the worker with the most commits (:attr:`sync_source`).
     """
 
     def __init__(self) -> None:
-        self._reset_callbacks: list[Callable[[], None]] = []
-        self._persistence: Any = None
-        self.commits = 0
+        if _BOOK not in self.__dict__:
+            self.__dict__[_BOOK] = _Bookkeeping()
+
+    @property
+    def _book(self) -> _Bookkeeping:
+        book: _Bookkeeping = self.__dict__[_BOOK]
+        return book
+
+    @property
+    def commit_count(self) -> int:
+        """How many commits the committed copy holds (what persistence numbers its copies by)."""
+        return self._book.commits
+
+    @property
+    def sync_source(self) -> int:
+        """Inside :meth:`sync`: the rank every worker copies from (the lowest rank with the most commits)."""
+        return self._book.sync_source
 
     def persist_with(self, persistence: Any) -> None:
         """Also keep committed state outside the job, e.g. ``elastrain.durable.StatePersistence(uri, every=10)``.
@@ -34,23 +66,40 @@ class State:
         for method in ("committed", "latest", "load", "flush"):
             if not callable(getattr(persistence, method, None)):
                 raise TypeError(f"persist_with needs an object with a {method}() method, got {persistence!r}.")
-        self._persistence = persistence
+        self._book.persistence = persistence
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        """Functions to call after each reset (e.g. to rescale the learning rate to the new world size)."""
-        self._reset_callbacks.extend(callbacks)
+        """Functions to call at each reset, before the state is synced (e.g. to rescale the learning rate to the
+        new world size). They run on every member of the new world; what they change in the state reaches every
+        worker through the sync. Keep them idempotent: set values from the world, don't accumulate."""
+        if not isinstance(callbacks, list | tuple) or not all(callable(c) for c in callbacks):
+            raise TypeError(f"register_reset_callbacks takes a list of functions, got {callbacks!r}.")
+        self._book.reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        for callback in self._reset_callbacks:
+        """What a reset runs before the sync: :meth:`reset`, then the reset callbacks in order."""
+        self.reset()
+        for callback in self._book.reset_callbacks:
             callback()
 
+    def reset(self) -> None:
+        """A hook for subclasses, called at every reset before the reset callbacks."""
+
     def commit(self) -> None:
-        """Keep a copy of the state to roll back to, then leave for a larger world if one is waiting."""
+        """Keep a copy of the state to roll back to, then leave for a new world if one is waiting."""
         self.save()
-        self.commits += 1
-        if self._persistence is not None and runtime.rank() == 0:
-            self._persistence.committed(self)
+        self._book.commits += 1
+        persistence = self._book.persistence
+        if persistence is not None and runtime.rank() == 0:
+            persistence.committed(self)
         self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise ``HostsUpdatedInterrupt`` on every worker at once when the driver published a new world.
+
+        Nothing is rolled back: work done since the last commit is kept and synced to the new world.
+        """
+        runtime.check_host_updates()
 
     def snapshot(self) -> Any:
         """The committed copy, as one picklable object (what persistence stores)."""
@@ -60,23 +109,6 @@ class State:
         """Make ``snapshot`` the committed copy and roll back to it."""
         raise NotImplementedError
 
-    def _sync_source(self) -> int | None:
-        """The rank to sync from, or None when every worker just loaded the persisted state instead."""
-        source, self.commits = runtime.choose_sync_source(self.commits)
-        if self.commits > 0 or self._persistence is None:
-            return source
-        # No worker has committed state: load the latest persisted state, the same one everywhere.
-        name = runtime.broadcast_object(self._persistence.latest() if runtime.rank() == source else None, source)
-        if name is None:
-            return source
-        snapshot, commits = self._persistence.load(name)
-        self.load_snapshot(snapshot, commits)
-        return None
-
-    def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every worker at once when the driver prepared a new world."""
-        runtime.check_host_updates()
-
     def save(self) -> None:
         raise NotImplementedError
 
@@ -85,98 +117,176 @@ class State:
 
     def sync(self) -> None:
         raise NotImplementedError
+
+    def sync_on_every_reset(self) -> None:
+        """The part of :meth:`sync` that depends on the world (a sampler's split): run even at a reset that only
+        removed workers, when the full sync is skipped. Nothing by default."""
+
+    def _synchronize(self, *, skip_sync: bool = False) -> None:
+        """Make every member of the new world hold one state; the commit count changes only once that worked."""
+        book = self._book
+        source, best, uniform = runtime.commit_counts(book.commits)
+        persistence = book.persistence
+        if best == 0 and persistence is not None:
+            name = broadcast_object(persistence.latest() if runtime.rank() == source else None, source)
+            if name is not None:
+                snapshot, commits = persistence.load(name)
+                self.load_snapshot(snapshot, commits)
+                self.on_reset()  # the persisted state was made for another world: fit it to this one
+                return
+        book.sync_source = source
+        if skip_sync and uniform:
+            self.sync_on_every_reset()  # every member holds the same commit: only the split changes
+        else:
+            self.sync()
+        self.save()
+        book.commits = best
 
 
 class ObjectState(State):
     """Plain Python values as attributes: ``ObjectState(epoch=0, batch=0)``; ``state.epoch += 1``."""
 
     def __init__(self, **values: Any) -> None:
-        self._names = list(values)
-        for name, value in values.items():
-            setattr(self, name, value)
         super().__init__()
-        self._saved: dict[str, Any] = {}
+        self._set_values(values)
         self.save()
 
+    def _set_values(self, values: dict[str, Any]) -> None:
+        _check_names(type(self), values)
+        self._book.value_names.extend(values)
+        for name, value in values.items():
+            setattr(self, name, value)
+
     def _values(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._names}
+        return {name: getattr(self, name) for name in self._book.value_names}
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self._values())
+        self._book.saved_values = copy.deepcopy(self._values())
 
     def restore(self) -> None:
-        for name, value in copy.deepcopy(self._saved).items():
+        for name, value in copy.deepcopy(self._book.saved_values).items():
             setattr(self, name, value)
 
     def sync(self) -> None:
-        source = self._sync_source()
-        if source is None:
-            return
-        self._saved = runtime.broadcast_object(self._saved if runtime.rank() == source else None, source)
-        self.restore()
+        names = self._book.value_names
+        theirs = broadcast_object(self._values() if runtime.rank() == self.sync_source else None, self.sync_source)
+        if sorted(theirs) != sorted(names):
+            raise ValueError(
+                f"The state's values differ between workers ({sorted(theirs)} vs {sorted(names)} here); every worker "
+                "must build the same state."
+            )
+        for name, value in theirs.items():
+            setattr(self, name, value)
 
     def snapshot(self) -> Any:
-        return self._saved  # replaced, never changed, by each save: safe to hand over
+        return self._book.saved_values  # replaced, never changed, by each save: safe to hand over
 
     def load_snapshot(self, snapshot: Any, commits: int) -> None:
-        self._saved, self.commits = snapshot, commits
+        self._book.saved_values, self._book.commits = snapshot, commits
         self.restore()
 
 
 class TorchState(ObjectState):
-    """A model, an optimizer and plain values: ``TorchState(model=model, optimizer=optimizer, epoch=0)``.
+    """Models, optimizers, LR schedulers, samplers and plain values: ``TorchState(model, optimizer, epoch=0)``.
 
-    ``save`` copies the model's and optimizer's ``state_dict`` (tensors cloned, so later steps don't change the
-    copy); ``sync`` broadcasts the committed copy from a surviving worker to all.
+    Every keyword whose value matches the handler registry (``torch.nn.Module``, ``torch.optim.Optimizer``,
+    ``LRScheduler``, ``ElasticSampler``, and types you register) is kept by its handler: saved by its
+    ``state_dict`` (tensors copied to the CPU), restored and synced in place, so the objects you hold stay the
+    live ones. Other keywords are plain values, deep-copied at each commit. ``state.model = other`` swaps the
+    object and commits it.
     """
 
     def __init__(self, model: Any = None, optimizer: Any = None, **values: Any) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self._saved_model: Any = None
-        self._saved_optimizer: Any = None
-        super().__init__(**values)
+        State.__init__(self)
+        plain: dict[str, Any] = {}
+        handlers: dict[str, StateHandler] = {}
+        for name, value in {"model": model, "optimizer": optimizer, **values}.items():
+            _refuse_bound_ddp(name, value)
+            handler = handler_for(value) if value is not None else None
+            if handler is None:
+                plain[name] = value
+            else:
+                handlers[name] = handler(value)
+        self._book.handlers.update(handlers)
+        self._set_values(plain)
+        ObjectState.save(self)
+
+    def __getattr__(self, name: str) -> Any:
+        handlers = self.__dict__.get(_BOOK, _Bookkeeping()).handlers
+        if name in handlers:
+            return handlers[name].value
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get(_BOOK, _Bookkeeping()).handlers
+        if name in handlers:
+            handlers[name].set_value(value)
+        else:
+            super().__setattr__(name, value)
+
+    def _set_values(self, values: dict[str, Any]) -> None:
+        _check_names(type(self), self._book.handlers)
+        super()._set_values(values)
 
     def save(self) -> None:
-        if self.model is not None:
-            self._saved_model = _clone(self.model.state_dict())
-        if self.optimizer is not None:
-            self._saved_optimizer = _clone(self.optimizer.state_dict())
+        for handler in self._book.handlers.values():
+            handler.save()
         super().save()
 
     def restore(self) -> None:
-        if self.model is not None and self._saved_model is not None:
-            self.model.load_state_dict(self._saved_model)
-        if self.optimizer is not None and self._saved_optimizer is not None:
-            self.optimizer.load_state_dict(_clone(self._saved_optimizer))
+        for handler in self._book.handlers.values():
+            handler.restore()
         super().restore()
 
     def sync(self) -> None:
-        source = self._sync_source()
-        if source is None:
-            return
-        payload = self.snapshot() if runtime.rank() == source else None
-        self._saved_model, self._saved_optimizer, self._saved = runtime.broadcast_object(payload, source)
-        self.restore()
+        self._check_same_handlers()
+        for handler in self._book.handlers.values():
+            handler.sync(self.sync_source)
+        super().sync()
+
+    def sync_on_every_reset(self) -> None:
+        self._check_same_handlers()
+        for handler in self._book.handlers.values():
+            if handler.sync_on_every_reset:
+                handler.sync(self.sync_source)
+
+    def _check_same_handlers(self) -> None:
+        mine = {name: type(handler).__name__ for name, handler in self._book.handlers.items()}
+        theirs = broadcast_object(mine if runtime.rank() == self.sync_source else None, self.sync_source)
+        if theirs != mine:
+            raise ValueError(
+                f"The state differs between workers ({theirs} vs {mine} here); every worker must build the same "
+                "TorchState."
+            )
 
     def snapshot(self) -> Any:
-        return (self._saved_model, self._saved_optimizer, self._saved)
+        return {
+            "handlers": {name: handler.snapshot() for name, handler in self._book.handlers.items()},
+            "values": super().snapshot(),
+        }
 
     def load_snapshot(self, snapshot: Any, commits: int) -> None:
-        (self._saved_model, self._saved_optimizer, self._saved), self.commits = snapshot, commits
-        self.restore()
+        for name, saved in snapshot["handlers"].items():
+            self._book.handlers[name].load_snapshot(saved)
+        super().load_snapshot(snapshot["values"], commits)
 
 
-def _clone(value: Any) -> Any:
-    """A deep copy in which tensors are detached clones on the CPU."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - TorchState without torch has nothing to clone
-        return copy.deepcopy(value)
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {key: _clone(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_clone(item) for item in value)
-    return copy.deepcopy(value)
+def _check_names(cls: type, names: Iterable[str]) -> None:
+    reserved = {name for name in dir(cls) if not name.startswith("_")}
+    clashes = sorted(name for name in names if name in reserved or name.startswith(_BOOK))
+    if clashes:
+        raise ValueError(
+            f"{cls.__name__} value name(s) {clashes} are taken by the state's own methods; rename them "
+            f"(taken: {sorted(reserved)})."
+        )
+
+
+def _refuse_bound_ddp(name: str, value: Any) -> None:
+    """torch's own DDP stays bound to the group it was built on, and the first reset breaks it: say what to use."""
+    distributed = sys.modules.get("torch.nn.parallel.distributed")
+    if distributed is not None and isinstance(value, distributed.DistributedDataParallel):
+        raise TypeError(
+            f"TorchState({name}=...) got torch.nn.parallel.DistributedDataParallel, which stays bound to the process "
+            "group it was built with and fails at the first reset. Wrap the model with "
+            "elastrain.executor.elastic.DistributedDataParallel (same arguments) instead: it follows every new group."
+        )

@@ -54,7 +54,9 @@ def make_world(generation: int, workers: Sequence[Candidate], host_order: list[s
     Which worker's state the group takes is decided by the workers when they sync (most commits wins).
     """
     position = {host: i for i, host in enumerate(host_order)}
-    ordered = sorted(workers, key=lambda w: (position.get(w.host_id, len(position)), not w.joined, w.worker_id))
+    ordered = sorted(
+        workers, key=lambda w: (position.get(w.host_id, len(position)), not w.joined, _natural(w.worker_id))
+    )
     by_host: dict[str, list[Candidate]] = {}
     for worker in ordered:
         by_host.setdefault(worker.host_id, []).append(worker)
@@ -67,3 +69,10 @@ def make_world(generation: int, workers: Sequence[Candidate], host_order: list[s
         taken[slot.host_id] += 1
         members.append(Member(worker.worker_id, slot, node_rank[slot.host_id], len(by_host)))
     return World(generation, tuple(members))
+
+
+def _natural(worker_id: str) -> tuple[str, int]:
+    """Order ids by their number (``w2`` before ``w10``), in the order the driver started the workers."""
+    stem = worker_id.rstrip("0123456789")
+    digits = worker_id[len(stem) :]
+    return stem, int(digits) if digits else -1

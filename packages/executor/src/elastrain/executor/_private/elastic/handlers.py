@@ -1,0 +1,289 @@
+"""State handlers: how ``TorchState`` saves, restores and syncs the objects it holds, in place.
+
+A handler wraps one live object (a module, an optimizer, an LR scheduler, an ``ElasticSampler``, or a type of
+your own) and keeps its committed copy. Restoring and syncing change that object in place, so the
+``DataLoader``, scheduler or training loop that holds it keeps working with the live one. The registry maps
+types to handler classes; the first matching entry wins, as in Horovod.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from elastrain.executor._private.elastic.collectives import broadcast_object, broadcast_tensors
+
+
+class StateHandler:
+    """Subclass to keep a type of your own in ``TorchState``: implement ``save``, ``restore`` and ``sync``.
+
+    ``sync(source)`` runs on every worker at once and must leave ``value`` equal to rank ``source``'s (use
+    :func:`elastic.broadcast_object <elastrain.executor.elastic.broadcast_object>` and
+    :func:`elastic.broadcast_tensors <elastrain.executor.elastic.broadcast_tensors>`). ``snapshot`` and
+    ``load_snapshot`` carry the committed copy to persistence; the default keeps it in ``saved``.
+    """
+
+    #: Also sync at a reset that only removed workers (``HostsUpdatedInterrupt(skip_sync=True)``): for objects
+    #: whose partitioning depends on the world, like samplers.
+    sync_on_every_reset = False
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.saved: Any = None
+        self.save()
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self, source: int) -> None:
+        raise NotImplementedError
+
+    def set_value(self, value: Any) -> None:
+        """``state.name = value``: the handler takes the new object and commits it."""
+        self.value = value
+        self.save()
+
+    def snapshot(self) -> Any:
+        return self.saved
+
+    def load_snapshot(self, saved: Any) -> None:
+        self.saved = saved
+        self.restore()
+
+
+class ModuleHandler(StateHandler):
+    """A ``torch.nn.Module``: its ``state_dict``, parameters and buffers overwritten in place."""
+
+    def save(self) -> None:
+        self.saved = copy_into(self.saved, self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self, source: int) -> None:
+        live = self.value.state_dict()
+        signature = {name: (tuple(t.shape), str(t.dtype)) for name, t in live.items()}
+        theirs = broadcast_object(signature, source)
+        if theirs != signature:
+            raise ValueError(_mismatch("model", theirs, signature))
+        broadcast_tensors(list(live.values()), source)
+
+
+class OptimizerHandler(StateHandler):
+    """A ``torch.optim.Optimizer``: hyperparameters (``param_groups``, e.g. the learning rate) and per-parameter
+    state. Tensors travel as tensors; a worker that has no state yet (a newcomer) allocates it."""
+
+    def save(self) -> None:
+        self.saved = copy_into(self.saved, self.value.state_dict())
+
+    def restore(self) -> None:
+        if not _load_in_place(self.value, self.saved):
+            self.value.load_state_dict(clone(self.saved))
+
+    def sync(self, source: int) -> None:
+        import torch
+
+        live = self.value.state_dict()
+        skeleton = broadcast_object(_skeleton(live), source)
+        if len(skeleton["param_groups"]) != len(live["param_groups"]) or any(
+            len(a["params"]) != len(b["params"])
+            for a, b in zip(skeleton["param_groups"], live["param_groups"], strict=True)
+        ):
+            raise ValueError("The optimizer's parameter groups differ between workers; build it the same everywhere.")
+        params = [p for group in self.value.param_groups for p in group["params"]]
+        targets: list[Any] = []
+        state: dict[Any, dict[str, Any]] = {}
+        for index, entries in skeleton["state"].items():
+            mine = live["state"].get(index, {})
+            state[index] = {}
+            for key, spec in entries.items():
+                if not isinstance(spec, _TensorSpec):
+                    state[index][key] = spec
+                    continue
+                current = mine.get(key)
+                if not (isinstance(current, torch.Tensor) and spec.matches(current)):
+                    device = "cpu" if spec.on_cpu else params[index].device
+                    current = torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=device)
+                state[index][key] = current
+                targets.append(current)
+        broadcast_tensors(targets, source)
+        received = {"state": state, "param_groups": skeleton["param_groups"]}
+        if not _load_in_place(self.value, received, adopt=True):
+            self.value.load_state_dict(received)
+
+
+class SchedulerHandler(StateHandler):
+    """A ``torch.optim.lr_scheduler.LRScheduler``: its ``state_dict`` (last epoch, base and last LRs)."""
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self.saved))
+
+    def sync(self, source: int) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), source))
+
+
+class SamplerHandler(SchedulerHandler):
+    """An ``ElasticSampler``: its progress through the epoch, re-split over the new world at every reset."""
+
+    sync_on_every_reset = True
+
+
+class StateDictHandler(SchedulerHandler):
+    """Any object with ``state_dict()`` and ``load_state_dict()`` (a ``GradScaler``, a stateful data loader)."""
+
+
+# -- the registry --------------------------------------------------------------------------------------------
+
+_registry: list[tuple[type, type[StateHandler]]] | None = None
+
+
+def get_handler_registry() -> list[tuple[type, type[StateHandler]]]:
+    """The ordered ``(type, handler class)`` list ``TorchState`` consults; the first match wins."""
+    global _registry
+    if _registry is None:
+        import torch
+
+        from elastrain.executor._private.elastic.sampler import ElasticSampler
+
+        _registry = [
+            (torch.nn.Module, ModuleHandler),
+            (torch.optim.Optimizer, OptimizerHandler),
+            (torch.optim.lr_scheduler.LRScheduler, SchedulerHandler),
+            (ElasticSampler, SamplerHandler),
+        ]
+    return list(_registry)
+
+
+def set_handler_registry(registry: list[tuple[type, type[StateHandler]]]) -> None:
+    """Replace the registry, e.g. ``set_handler_registry([(MyType, MyHandler), *get_handler_registry()])``."""
+    global _registry
+    for entry in registry:
+        if not (
+            isinstance(entry, tuple)
+            and len(entry) == 2
+            and isinstance(entry[0], type)
+            and isinstance(entry[1], type)
+            and issubclass(entry[1], StateHandler)
+        ):
+            raise TypeError(
+                f"set_handler_registry takes (type, StateHandler subclass) pairs, got {entry!r} in the list."
+            )
+    _registry = list(registry)
+
+
+def handler_for(value: Any) -> Callable[[Any], StateHandler] | None:
+    for kind, handler in get_handler_registry():
+        if isinstance(value, kind):
+            return handler
+    return None
+
+
+# -- copies --------------------------------------------------------------------------------------------------
+
+
+def clone(value: Any) -> Any:
+    """A deep copy in which tensors are detached clones on the CPU."""
+    return copy_into(None, value)
+
+
+def copy_into(saved: Any, live: Any) -> Any:
+    """A deep copy of ``live`` with tensors on the CPU, reusing ``saved``'s tensors where shapes match.
+
+    Commits happen every few steps: copying into the committed buffers instead of allocating new ones keeps one
+    committed copy per worker and spares the allocator and page faults a model's worth of fresh memory.
+    """
+    import torch
+
+    if isinstance(live, torch.Tensor):
+        if (
+            isinstance(saved, torch.Tensor)
+            and saved.shape == live.shape
+            and saved.dtype == live.dtype
+            and saved.device.type == "cpu"
+        ):
+            return saved.copy_(live.detach())
+        return live.detach().to("cpu", copy=True)
+    if isinstance(live, dict):
+        previous = saved if isinstance(saved, dict) else {}
+        return {key: copy_into(previous.get(key), item) for key, item in live.items()}
+    if isinstance(live, list | tuple):
+        previous_items = list(saved) if isinstance(saved, list | tuple) and len(saved) == len(live) else []
+        items = [copy_into(previous_items[i] if previous_items else None, item) for i, item in enumerate(live)]
+        return items if isinstance(live, list) else type(live)(items)
+    return copy.deepcopy(live)
+
+
+class _TensorSpec:
+    """A tensor's shape and dtype, sent instead of its data."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.shape = tuple(tensor.shape)
+        self.dtype = str(tensor.dtype).removeprefix("torch.")
+        self.on_cpu = tensor.device.type == "cpu"
+
+    def matches(self, tensor: Any) -> bool:
+        return tuple(tensor.shape) == self.shape and str(tensor.dtype).removeprefix("torch.") == self.dtype
+
+
+def _skeleton(state_dict: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {
+        "state": {
+            index: {k: _TensorSpec(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in entry.items()}
+            for index, entry in state_dict["state"].items()
+        },
+        "param_groups": copy.deepcopy(state_dict["param_groups"]),
+    }
+
+
+def _load_in_place(optimizer: Any, state_dict: dict[str, Any], adopt: bool = False) -> bool:
+    """Apply ``state_dict`` by copying into the optimizer's own tensors; False when their layout differs.
+
+    ``adopt``: the tensors in ``state_dict`` are the optimizer's own already (a sync received into them).
+    """
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    live = optimizer.state
+    if set(state_dict["state"]) != {i for i, p in enumerate(params) if p in live}:
+        return False
+    for index, entry in state_dict["state"].items():
+        mine = live[params[index]]
+        if set(mine) != set(entry):
+            return False
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) != isinstance(mine[key], torch.Tensor):
+                return False
+            if isinstance(value, torch.Tensor) and (value.shape != mine[key].shape or value.dtype != mine[key].dtype):
+                return False
+    for index, entry in state_dict["state"].items():
+        mine = live[params[index]]
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                if not (adopt and value is mine[key]):
+                    mine[key].copy_(value)
+            else:
+                mine[key] = copy.deepcopy(value)
+    for group, saved_group in zip(optimizer.param_groups, state_dict["param_groups"], strict=True):
+        for key, value in saved_group.items():
+            if key != "params":
+                group[key] = copy.deepcopy(value)
+    return True
+
+
+def _mismatch(what: str, theirs: dict[str, Any], mine: dict[str, Any]) -> str:
+    missing = sorted(set(theirs) - set(mine))[:5]
+    extra = sorted(set(mine) - set(theirs))[:5]
+    differing = sorted(k for k in set(theirs) & set(mine) if theirs[k] != mine[k])[:5]
+    return (
+        f"The {what} differs between workers (missing here: {missing}, only here: {extra}, other shape or dtype: "
+        f"{differing}); every worker must build the same {what}."
+    )

@@ -1,0 +1,263 @@
+"""Elastic jobs written as PyTorch users write them: DDP, samplers, LR schedulers, reset callbacks.
+
+Every job checks itself: after each step the workers compare their weights and learning rate with two small
+all-reduces and report any difference, so a replica that silently diverged fails the test. Failures are
+injected the way they happen (a worker exits hard at a step; discovery adds or drops hosts); all hosts are
+fake ``node:host-N`` resources on one Ray node.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain.discovery import StaticHostDiscovery
+from elastrain.executor import RayExecutor, context, elastic, init_process_group, send
+from elastrain_testutils.ray_testing import local_ray
+
+HOSTS = {f"node:host-{n}": 100 for n in range(1, 6)}
+BATCH = 12  # split evenly over 1, 2, 3 or 4 workers
+FEATURES = 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_with_scripted_hosts() -> Iterator[None]:
+    with local_ray(num_cpus=4, resources=HOSTS):
+        yield
+
+
+@pytest.fixture
+def crash_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="elastrain-crash-") as folder:
+        yield Path(folder)
+
+
+def batch_for(step: int) -> tuple[Any, Any]:
+    """The global batch of ``step``: the same on every worker and in the reference run."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1000 + step)
+    inputs = torch.randn(BATCH, FEATURES, generator=generator)
+    return inputs, inputs.sum(dim=1, keepdim=True) * 0.5 + 1.0
+
+
+def make_model() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def crash_if_marked(crash_dir: str | None, rank: int, step: int) -> None:
+    """Exit hard, once, where the test left a ``crash-<rank>-<step>`` file."""
+    if crash_dir is None:
+        return
+    marker = os.path.join(crash_dir, f"crash-{rank}-{step}")
+    if os.path.exists(marker):
+        os.remove(marker)
+        os._exit(1)
+
+
+def check_replicas_agree(model: Any, optimizer: Any, step: int) -> None:
+    """Every rank holds the same weights and learning rate (min == max over the group), or says so."""
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        checksum = sum(float(p.double().sum()) for p in model.parameters())
+    values = torch.tensor([checksum, optimizer.param_groups[0]["lr"]], dtype=torch.float64)
+    low, high = values.clone(), values.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        send({"event": "diverged", "step": step, "low": low.tolist(), "high": high.tolist()})
+
+
+def last_step(steps: int | str) -> int:
+    """``steps``, or the number in the stop file named by it once the test has written it."""
+    if isinstance(steps, int):
+        return steps
+    try:
+        return int(Path(steps).read_text())
+    except (FileNotFoundError, ValueError):
+        return 1_000_000
+
+
+def train_ddp(steps: int | str, crash_dir: str | None, base_lr: float = 0.05) -> dict[str, Any]:
+    """Horovod's shape: init, DDP, optimizer with lr * size, scheduler and reset callback, all before the loop."""
+    import torch
+    import torch.distributed as dist
+
+    init_process_group()
+    send({"event": "init", "rank": context().rank, "size": dist.get_world_size(), "pid": os.getpid()})
+    model = elastic.DistributedDataParallel(make_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * dist.get_world_size(), momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5 ** (epoch // 4))
+    state = elastic.TorchState(model, optimizer, scheduler=scheduler, step=0)
+
+    def rescale_lr() -> None:  # Horovod's canonical reset callback
+        factor = 0.5 ** (scheduler.last_epoch // 4)
+        for group in optimizer.param_groups:
+            group["lr"] = base_lr * dist.get_world_size() * factor
+        scheduler.base_lrs = [base_lr * dist.get_world_size()] * len(optimizer.param_groups)
+
+    state.register_reset_callbacks([rescale_lr])
+
+    @elastic.run
+    def loop(state: elastic.TorchState) -> dict[str, Any]:
+        assert state.model is model and state.optimizer is optimizer and state.scheduler is scheduler
+        while state.step < last_step(steps):
+            rank, size = dist.get_rank(), dist.get_world_size()
+            crash_if_marked(crash_dir, rank, state.step)
+            inputs, targets = batch_for(state.step)
+            optimizer.zero_grad()
+            shard = slice(rank * BATCH // size, (rank + 1) * BATCH // size)
+            loss = torch.nn.functional.mse_loss(model(inputs[shard]), targets[shard])
+            loss.backward()  # DDP averages the gradients over the current group
+            optimizer.step()
+            scheduler.step()
+            state.step += 1
+            check_replicas_agree(model, optimizer, state.step)
+            send(
+                {
+                    "event": "step",
+                    "step": state.step,
+                    "size": size,
+                    "rank": rank,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "epoch": scheduler.last_epoch,
+                }
+            )
+            state.commit()
+        return {name: p.detach().clone() for name, p in model.module.named_parameters()}
+
+    result: dict[str, Any] = loop(state)
+    return result
+
+
+def reference_weights(steps: int, sizes: Callable[[int], int], base_lr: float = 0.05) -> dict[str, Any]:
+    """The same training in one process: a full-batch mean gradient equals DDP's average of equal shards."""
+    import torch
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=0.9)
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = base_lr * sizes(step) * 0.5 ** (step // 4)
+        inputs, targets = batch_for(step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+class Recorder:
+    """Collects the workers' messages; applies discovery changes when a condition on them first holds, and once
+    the plan is through and a step ran at ``final_size``, writes ``stop_file`` (a step a few steps ahead)."""
+
+    def __init__(
+        self,
+        discovery: StaticHostDiscovery | None = None,
+        plan: list[tuple[Any, str | None]] | None = None,
+        stop_file: Path | None = None,
+        final_size: int = 0,
+    ):
+        self.discovery = discovery
+        self.plan = list(plan or [])
+        self.stop_file = stop_file
+        self.final_size = final_size
+        self.messages: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        with self.lock:
+            self.messages.append(message)
+            if self.plan and self.plan[0][0](message):
+                _, hosts = self.plan.pop(0)
+                if hosts is not None:  # None: only wait for the condition
+                    self.discovery.set_hosts(hosts)
+            elif (
+                self.stop_file is not None
+                and not self.plan
+                and message["event"] == "step"
+                and message["size"] == self.final_size
+                and not self.stop_file.exists()
+            ):
+                self.stop_file.write_text(str(message["step"] + 6))
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["event"] == event]
+
+
+def at(step: int, size: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: m["event"] == "step" and m["step"] >= step and m["size"] == size
+
+
+def elastic_executor(discovery: StaticHostDiscovery, **kwargs: Any) -> RayExecutor:
+    settings = RayExecutor.create_settings(timeout_s=60, discovery=discovery, discovery_interval_s=0.05)
+    kwargs.setdefault("elastic_timeout", 60)
+    return RayExecutor(settings, override_discovery=False, cpus_per_worker=0.25, **kwargs)
+
+
+def sizes_by_step(recorder: Recorder) -> dict[int, int]:
+    """The world size that each surviving step ran at (the last run of a step that was rolled back and redone)."""
+    sizes: dict[int, int] = {}
+    for message in recorder.events("step"):
+        sizes[message["step"] - 1] = message["size"]
+    return sizes
+
+
+def test_ddp_model_across_three_resets_matches_one_process(tmp_path: Path) -> None:
+    """A model wrapped once in elastic.DistributedDataParallel before the loop trains through grow, grow, shrink."""
+    import torch
+
+    discovery = StaticHostDiscovery("host-1:1")
+    stop_file = tmp_path / "stop"
+    recorder = Recorder(
+        discovery,
+        [(at(4, 1), "host-1:1,host-2:1"), (at(10, 2), "host-1:1,host-2:1,host-3:1"), (at(16, 3), "host-1:1,host-3:1")],
+        stop_file=stop_file,
+        final_size=2,
+    )
+    with elastic_executor(discovery, min_workers=1, max_workers=3) as executor:
+        executor.start()
+        results = executor.run(train_ddp, args=[str(stop_file), None], callbacks=[recorder])
+    assert recorder.plan == []
+    assert recorder.events("diverged") == []
+    sizes = sizes_by_step(recorder)
+    steps = int(stop_file.read_text())
+    assert sorted(sizes) == list(range(steps))
+    assert [size for step, size in sorted(sizes.items()) if step == 0 or size != sizes[step - 1]] == [1, 2, 3, 2]
+    inits = recorder.events("init")
+    assert {m["size"] for m in inits} >= {1, 2, 3}, "newcomers see their world's rank and size before the loop"
+    expected = reference_weights(steps, lambda step: sizes[step])
+    assert len(results) == 2
+    for weights in results:
+        for name, value in expected.items():
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_newcomer_and_survivors_share_lr_and_weights_after_a_crash(crash_dir: Path) -> None:
+    """Horovod's ``lr = base_lr * size`` reset callback: the replacement and the survivor agree at every step."""
+    (crash_dir / "crash-1-6").touch()
+    discovery = StaticHostDiscovery("host-1:2")
+    stop_file = crash_dir / "stop"
+    recorder = Recorder(discovery, [(at(6, 1), None)], stop_file=stop_file, final_size=2)
+    with elastic_executor(discovery, min_workers=1, max_workers=2) as executor:
+        executor.start()
+        results = executor.run(train_ddp, args=[str(stop_file), str(crash_dir)], callbacks=[recorder])
+    assert not (crash_dir / "crash-1-6").exists(), "the planned crash did not happen"
+    assert recorder.events("diverged") == []
+    steps = recorder.events("step")
+    assert {m["size"] for m in steps} == {1, 2}
+    back_to_two = [m for m in steps if m["size"] == 2 and m["step"] > 6]
+    assert back_to_two, "the replacement never joined"
+    for message in steps:  # the LR follows the world size and the schedule on every rank, newcomer included
+        assert message["lr"] == pytest.approx(0.05 * message["size"] * 0.5 ** (message["epoch"] // 4))
+    assert len(results) == 2
