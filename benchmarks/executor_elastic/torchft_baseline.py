@@ -4,21 +4,23 @@ A lighthouse (``torchft._torchft.LighthouseServer``, ``min_replicas=2``, join ti
 runs in its own process on 127.0.0.1. Each replica group is one process (group world size 1) training a
 Linear(64, 64) with torchft's ``Manager`` (``ProcessGroupGloo`` with a 5 s timeout, ``min_replica_size=2``,
 every other setting torchft's default) and ``OptimizerWrapper`` around SGD; gradients go through
-``manager.allreduce``. Each replica prints ``time.time()`` for every committed step to its stdout file, which
-the parent polls, so the timestamps are the replicas' own and polling adds nothing to them.
+``manager.allreduce``. A 50 ms sleep between a step's quorum and its allreduce stands in for compute. Each
+replica prints ``time.time()`` for every committed step (and when that step began) to its stdout file, which
+the parent polls: the timestamps are the replicas' own, so polling adds nothing to them.
 
-- crash → survivors' next commit: once every replica has committed ``STEADY_COMMITS`` steps, one replica is
-  SIGKILLed; the value is the time from the kill to the first commit after it on each survivor, the MAX over
-  the two survivors (training is back only once both commit; per-survivor values are kept too).
+- crash → survivors' next commit: once every replica commits steadily, one replica is SIGKILLed; on each
+  survivor, the time from the kill to the first commit of a step begun after the kill (a step that had already
+  allreduced with the victim can still commit a few ms after the kill, which is not recovery). The value is
+  the MAX over the two survivors: training is back only once both commit (per-survivor values are kept too).
 - restart → first commit: the killed replica is launched again (a fresh process, as a supervisor would); the
-  value is the time from just before ``Popen`` to its first commit, which includes importing torch and
-  torchft, joining the quorum and healing (fetching the model and optimizer state from a peer).
+  time from just before ``Popen`` to its first commit, which includes importing torch and torchft, joining the
+  quorum, configuring gloo and healing (fetching the model and optimizer state from a peer).
 
-Both run ``repeats`` times in one job (one lighthouse): kill, recover, relaunch, let everyone commit steadily
-again, then kill the next replica in turn (0, 1, 2, 0, ...). With ``with_ddp_check`` a second, short job wraps
-the model in ``torchft.ddp.DistributedDataParallel`` instead of calling ``manager.allreduce``, kills one replica
-once and records whether a survivor exited with an error (it has been seen to hit an assert in DDP's comm hook
-on gloo) or went on committing.
+Both run ``repeats`` times in one job (one lighthouse), killing replica 0, 1, 2, 0, ... in turn; kills are more
+than the lighthouse's heartbeat timeout apart, so a previous victim never counts as a live replica. With
+``with_ddp_check`` a second job wraps the model in ``torchft.ddp.DistributedDataParallel`` instead and kills
+(and relaunches) a replica up to ``DDP_KILLS`` times, stopping at the first survivor that exits with an error:
+when a survivor's allreduce fails because its peer died, DDP's comm hook in torchft 0.2.0 asserts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -35,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +50,17 @@ PG_TIMEOUT_S = 5
 HIDDEN = 64
 # Stands in for a step's compute (elastrain's bench uses the same); it also leaves CPU for a restart on 2 cores.
 STEP_S = 0.05
+# The lighthouse's default heartbeat timeout: until it passes, a killed replica still counts as healthy, and a
+# quorum needs more than half of the healthy replicas. Kills are spaced by more than this so that each repeat
+# starts clean rather than waiting on the previous victim.
+HEARTBEAT_TIMEOUT_S = 5.0
 # Commits every replica makes after a (re)start before the next kill: the job is steady by then.
 STEADY_COMMITS = 10
 # How long a DDP survivor gets to either commit again or die after the kill; recovery takes ~1 s otherwise.
 DDP_WATCH_S = 20.0
-# Kills (each followed by a relaunch) in the DDP check: a crash there depends on where the kill lands.
-DDP_KILLS = 2
+# Kills at most (each followed by a relaunch) in the DDP check, which ends at the first crash: whether a
+# survivor crashes depends on whether the kill lands while the survivors' allreduce includes the victim.
+DDP_KILLS = 3
 POLL_S = 0.01
 INSTALL_HINT = f"torchft is not installed (pip install torchft=={TORCHFT_VERSION})"
 
@@ -77,14 +86,14 @@ def _replica_main(index: int, lighthouse: str, use_ddp: bool) -> None:
     from datetime import timedelta
 
     import torch
-    from torch.distributed import TCPStore
+    import torch.distributed as dist
     from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
     from torchft.optim import OptimizerWrapper
 
     torch.set_num_threads(1)  # 3 replicas share 2 cores
     parent = os.getppid()
     # The group's own store (world size 1, so this process is its master); port 0 picks a free one.
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     torch.manual_seed(0)
     model = torch.nn.Linear(HIDDEN, HIDDEN)
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -140,7 +149,7 @@ class _Commit:
     step_started: float  # when that step began (zero_grad, which starts its quorum)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity
 class _Process:
     popen: subprocess.Popen[bytes]
     stdout: Path
@@ -166,6 +175,9 @@ class _Process:
         that is not recovery, so only steps begun after the kill count.
         """
         return next((c for c in self.commits() if c.step_started > moment), None)
+
+    def has_committed(self) -> bool:
+        return bool(self.commits())
 
     def error_tail(self, chars: int = 3000) -> str:
         return self.stderr.read_text(errors="replace")[-chars:] if self.stderr.exists() else ""
@@ -243,6 +255,9 @@ class _Job:
     def steady(self) -> bool:
         return all(len(p.commits()) >= STEADY_COMMITS for p in self.current.values())
 
+    def ready_to_kill(self, last_kill: float) -> bool:
+        return self.steady() and time.time() > last_kill + HEARTBEAT_TIMEOUT_S + 0.5
+
     def stop(self) -> None:
         for process in self.everything:
             if process.popen.poll() is None:
@@ -253,6 +268,10 @@ class _Job:
             except subprocess.TimeoutExpired:
                 process.popen.kill()
                 process.popen.wait(5)
+
+
+def _all_committed_after(processes: list[_Process], moment: float) -> bool:
+    return all(p.first_commit_begun_after(moment) for p in processes)
 
 
 def _median(values: list[float]) -> dict[str, Any]:
@@ -266,25 +285,22 @@ def _recovery_rounds(job: _Job, repeats: int) -> dict[str, Any]:
     launch_to_ready: list[float] = []
     first_steps: list[int] = []
     job.start()
-    job.wait_for(job.steady, f"every replica to commit {STEADY_COMMITS} steps")
+    killed_at = 0.0
     for repeat in range(repeats):
+        job.wait_for(partial(job.ready_to_kill, killed_at), f"every replica to commit {STEADY_COMMITS} steps")
         victim = repeat % REPLICAS
         survivors = [job.current[i] for i in sorted(job.current) if i != victim]
         killed_at = job.kill(victim)
-        job.wait_for(
-            lambda s=survivors, k=killed_at: all(p.first_commit_begun_after(k) for p in s),
-            "the survivors' next commit",
-        )
+        job.wait_for(partial(_all_committed_after, survivors, killed_at), "the survivors' next commit")
         times = [c.at - killed_at for p in survivors if (c := p.first_commit_begun_after(killed_at))]
         per_survivor.append([round(t, 3) for t in times])
         crash.append(max(times))
         replacement = job.launch(victim)
-        job.wait_for(lambda r=replacement: bool(r.commits()), "the restarted replica's first commit")
+        job.wait_for(replacement.has_committed, "the restarted replica's first commit")
         first = replacement.commits()[0]
         restart.append(first.at - replacement.launched_at)
         launch_to_ready.append((replacement.ready_at() or first.at) - replacement.launched_at)
         first_steps.append(first.step)
-        job.wait_for(job.steady, f"every replica to commit {STEADY_COMMITS} steps again")
     return {
         "crash_to_next_commit_s": {**_median(crash), "per_survivor": per_survivor},
         "restart_to_first_commit_s": {
@@ -300,9 +316,20 @@ def _recovery_rounds(job: _Job, repeats: int) -> dict[str, Any]:
 
 
 def _error_line(process: _Process) -> str:
+    """The last error line of a process's stderr, with the frame that raised it (a bare assert says little)."""
     lines = [line.strip() for line in process.error_tail(20000).splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line or "assert" in line]
-    return (errors or lines or [""])[-1]
+    errors = [i for i, line in enumerate(lines) if "Error" in line or "assert" in line]
+    if not errors:
+        return lines[-1] if lines else ""
+    last = errors[-1]
+    frames = [(i, found) for i in range(last) if (found := re.match(r'File "(.*)", line (\d+), in (.*)', lines[i]))]
+    if not frames:
+        return lines[last]
+    index, found = frames[-1]
+    path, line, function = found.groups()
+    path = path.split("site-packages/")[-1]  # torchft/ddp.py rather than the venv's absolute path
+    code = lines[index + 1] if index + 1 < last else ""
+    return f"{lines[last]} at {path}:{line} in {function}: {code}".rstrip(": ")
 
 
 def _ddp_check(job: _Job) -> dict[str, Any]:
@@ -312,15 +339,19 @@ def _ddp_check(job: _Job) -> dict[str, Any]:
     job.wait_for(job.steady, f"every DDP replica to commit {STEADY_COMMITS} steps")
     recovered = True
     survivors: list[_Process] = []
+    killed_at = 0.0
     for kill in range(DDP_KILLS):
+        if not job.watch(partial(job.ready_to_kill, killed_at), job.timeout_s):
+            recovered = False
+            break
         victim = kill % REPLICAS
         survivors = [job.current[i] for i in sorted(job.current) if i != victim]
         killed_at = job.kill(victim)
-        if not job.watch(lambda s=survivors, k=killed_at: all(p.first_commit_begun_after(k) for p in s), watch_s):
+        if not job.watch(partial(_all_committed_after, survivors, killed_at), watch_s):
             recovered = False
             break
         replacement = job.launch(victim)
-        if not (job.watch(lambda r=replacement: bool(r.commits()), watch_s) and job.watch(job.steady, watch_s)):
+        if not job.watch(replacement.has_committed, watch_s):
             recovered = False
             break
     if not recovered and not job.crashed():
@@ -381,7 +412,9 @@ def measure_torchft(repeats: int = 3, timeout_s: float = 120.0, with_ddp_check: 
         "steady_commits_before_kill": STEADY_COMMITS,
         "repeats": repeats,
         "crash_to_next_commit": "max over the survivors, of the first commit of a step begun after the kill",
-        "ddp_check": f"torchft.ddp.DistributedDataParallel, {DDP_KILLS} kills each followed by a relaunch",
+        "kills_apart_s": f"> {HEARTBEAT_TIMEOUT_S + 0.5:g} (the lighthouse's heartbeat timeout + 0.5)",
+        "ddp_check": f"torchft.ddp.DistributedDataParallel; up to {DDP_KILLS} kills, each followed by a relaunch, "
+        "until a survivor exits",
     }
     return result
 

@@ -167,11 +167,13 @@ class Recorder:
         plan: list[tuple[Any, str | None]] | None = None,
         stop_file: Path | None = None,
         final_size: int = 0,
+        stop_at: Callable[[dict[str, Any]], int] = lambda m: int(m["step"]) + 6,
     ):
         self.discovery = discovery
         self.plan = list(plan or [])
         self.stop_file = stop_file
         self.final_size = final_size
+        self.stop_at = stop_at
         self.messages: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
@@ -189,7 +191,7 @@ class Recorder:
                 and message["size"] == self.final_size
                 and not self.stop_file.exists()
             ):
-                self.stop_file.write_text(str(message["step"] + 6))
+                self.stop_file.write_text(str(self.stop_at(message)))
 
     def events(self, event: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["event"] == event]
@@ -261,3 +263,227 @@ def test_newcomer_and_survivors_share_lr_and_weights_after_a_crash(crash_dir: Pa
     for message in steps:  # the LR follows the world size and the schedule on every rank, newcomer included
         assert message["lr"] == pytest.approx(0.05 * message["size"] * 0.5 ** (message["epoch"] // 4))
     assert len(results) == 2
+
+
+class Marker(dict[str, Any]):
+    """A dict kept in TorchState by :class:`DieWhileSending`."""
+
+
+class DieWhileSending(elastic.StateHandler):
+    """Syncs a dict; as the sync source of a 3-worker world, exits the worker mid-sync once (a marker file)."""
+
+    def save(self) -> None:
+        self.saved = dict(self.value)
+
+    def restore(self) -> None:
+        self.value.clear()
+        self.value.update(self.saved)
+
+    def sync(self, source: int) -> None:
+        import torch.distributed as dist
+
+        marker = os.path.join(self.value["dir"], "die-while-sending")
+        if dist.get_rank() == source and dist.get_world_size() == 3 and os.path.exists(marker):
+            os.remove(marker)
+            os._exit(1)  # the model went out already; this and the plain values never will
+        self.value.update(elastic.broadcast_object(dict(self.value), source))
+
+
+def train_counting(steps: str, folder: str) -> int:
+    """Plain SGD steps with a custom-handled value; sends the step at every entry into the loop."""
+    import torch
+    import torch.distributed as dist
+
+    elastic.set_handler_registry([(Marker, DieWhileSending), *elastic.get_handler_registry()])
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = elastic.TorchState(model, optimizer, marker=Marker(dir=folder), step=0)
+
+    @elastic.run
+    def loop(state: elastic.TorchState) -> int:
+        send({"event": "entry", "step": state.step, "size": dist.get_world_size(), "rank": dist.get_rank()})
+        while state.step < last_step(steps):
+            inputs, targets = batch_for(state.step)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(inputs), targets).backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+            optimizer.step()
+            state.step += 1
+            check_replicas_agree(model, optimizer, state.step)
+            send({"event": "step", "step": state.step, "size": dist.get_world_size(), "rank": dist.get_rank()})
+            state.commit()
+        return int(state.step)
+
+    return loop(state)
+
+
+def test_a_sync_source_killed_mid_sync_never_makes_a_newcomer_the_source(tmp_path: Path) -> None:
+    """The newcomer is rank 0 (its host comes first); the source dies after sending the model only. The commit
+    count moves only after a whole sync, so the survivor, not the half-synced newcomer, is the next source."""
+    (tmp_path / "die-while-sending").touch()
+    discovery = StaticHostDiscovery("host-1:1,host-2:1")
+    stop_file = tmp_path / "stop"
+    recorder = Recorder(
+        discovery, [(at(6, 2), "host-3:1,host-1:1,host-2:1"), (at(8, 2), None)], stop_file=stop_file, final_size=3
+    )
+    with elastic_executor(discovery, min_workers=1, max_workers=3) as executor:
+        executor.start()
+        results = executor.run(train_counting, args=[str(stop_file), str(tmp_path)], callbacks=[recorder])
+    assert not (tmp_path / "die-while-sending").exists(), "the source never died mid-sync"
+    assert recorder.events("diverged") == []
+    entries = recorder.events("entry")
+    assert entries[0]["step"] == 0
+    assert all(m["step"] >= 6 for m in entries[2:]), f"a reset went back to an older state: {entries}"
+    assert results == [int(stop_file.read_text())] * 3
+
+
+def train_on_samples(epochs: str, dataset_size: int, batch_size: int) -> int:
+    """An ElasticSampler in TorchState; every step sends the sample indices each rank trained on."""
+    import torch
+    import torch.distributed as dist
+
+    init_process_group()
+    dataset = torch.utils.data.TensorDataset(torch.arange(dataset_size))
+    sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    model = elastic.DistributedDataParallel(torch.nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0)
+
+    @elastic.run
+    def loop(state: elastic.TorchState) -> int:
+        while state.epoch < last_step(epochs):
+            sampler.set_epoch(state.epoch)  # at the top, as with DistributedSampler: a resumed epoch keeps going
+            for (indices,) in loader:
+                optimizer.zero_grad()
+                model(indices.float().unsqueeze(1)).sum().backward()
+                optimizer.step()
+                sampler.record_batch(0, len(indices))
+                state.step += 1
+                send(
+                    {
+                        "event": "step",
+                        "step": state.step,
+                        "epoch": state.epoch,
+                        "size": dist.get_world_size(),
+                        "world": os.environ["MASTER_PORT"],
+                        "indices": indices.tolist(),
+                    }
+                )
+                state.commit()
+            state.epoch += 1
+        return int(state.step)
+
+    return loop(state)
+
+
+def test_elastic_sampler_trains_every_sample_once_across_shrink_and_grow(tmp_path: Path) -> None:
+    dataset_size, batch_size = 101, 4
+    discovery = StaticHostDiscovery("host-1:2")
+    stop_file = tmp_path / "stop"
+    recorder = Recorder(
+        discovery,
+        [(at(8, 2), "host-1:1"), (at(14, 1), "host-1:1,host-2:2")],
+        stop_file=stop_file,
+        final_size=3,
+        stop_at=lambda m: int(m["epoch"]) + 2,  # one whole epoch at the final size
+    )
+    with elastic_executor(discovery, min_workers=1, max_workers=3) as executor:
+        executor.start()
+        executor.run(train_on_samples, args=[str(stop_file), dataset_size, batch_size], callbacks=[recorder])
+    # A step that was rolled back and redone counts once: its last run, in whatever world ran it.
+    runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for message in recorder.events("step"):
+        runs.setdefault(message["step"], {}).setdefault(message["world"], []).append(message)
+    surviving = [list(by_world.values())[-1] for _, by_world in sorted(runs.items())]
+    assert {len(ranks) for ranks in surviving} == {1, 2, 3}, "the job never ran at every size"
+    epochs: dict[int, list[int]] = {}
+    splits: dict[int, set[str]] = {}
+    for ranks in surviving:
+        assert len(ranks) == ranks[0]["size"], f"step {ranks[0]['step']} lost a rank's message"
+        for message in ranks:
+            epochs.setdefault(message["epoch"], []).extend(message["indices"])
+            splits.setdefault(message["epoch"], set()).add(message["world"])
+    assert sorted(epochs) == list(range(int(stop_file.read_text())))
+    for epoch, trained in epochs.items():
+        assert set(trained) == set(range(dataset_size)), f"epoch {epoch} skipped {set(range(dataset_size)) - set(trained)}"
+        padding = len(trained) - dataset_size
+        assert 0 <= padding <= 2 * len(splits[epoch]), f"epoch {epoch} repeated {padding} samples"
+
+
+def train_with_a_rollback(
+    crash_dir: str, commit_every: int = 3, check_every_step: bool = False, steps: int | str = 20
+) -> list[int]:
+    """ObjectState; commits at step 1 and every ``commit_every`` steps (checking hosts at every other step when
+    asked); a rank raises where the test left a ``raise-<rank>-<step>`` file."""
+    import torch
+    import torch.distributed as dist
+
+    state = elastic.ObjectState(step=0, local=-1)
+    entries: list[int] = []
+
+    @elastic.run
+    def loop(state: elastic.ObjectState) -> list[int]:
+        entries.append(int(state.step))
+        send({"event": "entry", "step": state.step, "local": state.local, "rank": dist.get_rank()})
+        state.local = dist.get_rank()  # differs per rank: a full sync evens it out, a skipped one doesn't
+        while state.step < last_step(steps):
+            total = torch.ones(1)
+            dist.all_reduce(total)
+            state.step += 1
+            send({"event": "step", "step": state.step, "size": dist.get_world_size()})
+            marker = os.path.join(crash_dir, f"raise-{dist.get_rank()}-{state.step}")
+            if os.path.exists(marker):
+                os.remove(marker)
+                kind = Path(marker + ".kind").read_text()
+                if kind == "internal":
+                    raise elastic.InternalError("the training code asked for a rollback")
+                raise elastic.HostsUpdatedInterrupt(skip_sync=kind == "skip-sync")
+            if state.step == 1 or state.step % commit_every == 0:
+                state.commit()
+            elif check_every_step:
+                state.check_host_updates()
+        return entries
+
+    return loop(state)
+
+
+@pytest.mark.parametrize(
+    ("kind", "ranks", "expected_entry", "synced"),
+    [("internal", [0], 3, True), ("sync", [0], 5, True), ("skip-sync", [0, 1], 5, False), ("skip-sync", [0], 5, True)],
+)
+def test_training_code_can_force_a_reset(
+    crash_dir: Path, kind: str, ranks: list[int], expected_entry: int, synced: bool
+) -> None:
+    """``InternalError`` rolls back to the last commit; ``HostsUpdatedInterrupt`` keeps the work since it. With
+    ``skip_sync=True`` on every rank, each keeps its state as it was; raised on one rank only, the other sees a
+    failed collective and rolls back, so the state is synced after all."""
+    for rank in ranks:
+        (crash_dir / f"raise-{rank}-5").touch()
+        (crash_dir / f"raise-{rank}-5.kind").write_text(kind)
+    discovery = StaticHostDiscovery("host-1:2")
+    recorder = Recorder()
+    with elastic_executor(discovery, min_workers=2, max_workers=2) as executor:
+        executor.start()
+        results = executor.run(train_with_a_rollback, args=[str(crash_dir)], callbacks=[recorder])
+    assert results[0] == results[1] == [0, expected_entry]
+    second = [m for m in recorder.events("entry") if m["step"] == expected_entry]
+    locals_seen = sorted(m["local"] for m in second)
+    assert locals_seen == ([0, 0] if synced else [0, 1]), f"after the reset each rank held local={locals_seen}"
+
+
+def test_check_host_updates_keeps_work_done_since_the_last_commit(crash_dir: Path) -> None:
+    """A new host between commits: the workers leave at the next check and go on from there, not from the commit."""
+    discovery = StaticHostDiscovery("host-1:1")
+    stop_file = crash_dir / "stop"
+    recorder = Recorder(discovery, [(at(4, 1), "host-1:1,host-2:1")], stop_file=stop_file, final_size=2)
+    with elastic_executor(discovery, min_workers=1, max_workers=2) as executor:
+        executor.start()
+        results = executor.run(
+            train_with_a_rollback, args=[str(crash_dir), 1000, True, str(stop_file)], callbacks=[recorder]
+        )
+    survivor, newcomer = results
+    assert len(survivor) == 2 and newcomer == [survivor[1]]
+    assert survivor[1] >= 4, f"the survivor went back to its commit at step 1: {survivor}"

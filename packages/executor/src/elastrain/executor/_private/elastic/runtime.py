@@ -228,22 +228,25 @@ class Runtime:
 
         return ray.get(self.coordinator.newer_world.remote(self.generation)) is not None
 
-    def commit_counts(self, commits: int) -> tuple[int, int, bool]:
-        """The rank whose state is newest (most commits; the lowest such rank), its count, and whether every
-        rank holds that count.
+    def commit_counts(self, commits: int, skip_sync: bool = False) -> tuple[int, int, bool]:
+        """The rank whose state is newest (most commits; the lowest such rank), its count, and whether the full
+        sync may be skipped: every rank asked to skip it and holds that count.
 
         Decided by the workers themselves, so a newcomer, or a worker that was published into a group but never
-        received state, can never overwrite a survivor's progress.
+        received state, can never overwrite a survivor's progress; and a worker that rolled back (its peers'
+        interrupt reached it as a failed collective) never keeps its older state beside theirs.
         """
         import torch
         import torch.distributed as dist
 
-        counts = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=collective_device())
+        size = dist.get_world_size()
+        counts = torch.zeros(size + 1, dtype=torch.int64, device=collective_device())
         counts[dist.get_rank()] = commits
+        counts[size] = int(skip_sync)
         dist.all_reduce(counts)
-        best = int(counts.max().item())
-        uniform = int(counts.min().item()) == best
-        return int((counts == best).nonzero()[0].item()), best, uniform
+        best = int(counts[:size].max().item())
+        skip = int(counts[:size].min().item()) == best and int(counts[size].item()) == size
+        return int((counts[:size] == best).nonzero()[0].item()), best, skip
 
     def report_failure(self, error: BaseException) -> None:
         """Tell the driver this group failed, so it forms a new one even when no worker died."""
@@ -277,13 +280,15 @@ def check_host_updates() -> None:
         raise HostsUpdatedInterrupt(skip_sync=update == 1)
 
 
-def commit_counts(commits: int) -> tuple[int, int, bool]:
-    return current().commit_counts(commits)
+def commit_counts(commits: int, skip_sync: bool = False) -> tuple[int, int, bool]:
+    return current().commit_counts(commits, skip_sync)
 
 
 def rank() -> int:
-    member = current().member
-    return -1 if member is None else member.slot.rank
+    """This worker's rank in its current group; -1 before it joined one."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else -1
 
 
 def is_collective_failure(error: BaseException) -> bool:

@@ -41,10 +41,9 @@ class ElasticSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its first sample; the epoch it is already in keeps its progress."""
-        if epoch == self.epoch:
-            return
-        self.epoch = epoch
-        self.processed_num = 0
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:

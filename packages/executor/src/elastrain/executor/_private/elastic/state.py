@@ -125,7 +125,7 @@ class State:
     def _synchronize(self, *, skip_sync: bool = False) -> None:
         """Make every member of the new world hold one state; the commit count changes only once that worked."""
         book = self._book
-        source, best, uniform = runtime.commit_counts(book.commits)
+        source, best, skip = runtime.commit_counts(book.commits, skip_sync)
         persistence = book.persistence
         if best == 0 and persistence is not None:
             name = broadcast_object(persistence.latest() if runtime.rank() == source else None, source)
@@ -135,8 +135,8 @@ class State:
                 self.on_reset()  # the persisted state was made for another world: fit it to this one
                 return
         book.sync_source = source
-        if skip_sync and uniform:
-            self.sync_on_every_reset()  # every member holds the same commit: only the split changes
+        if skip:
+            self.sync_on_every_reset()  # every member kept the same state: only the split changes
         else:
             self.sync()
         self.save()

@@ -1,0 +1,207 @@
+"""Elastic state on its own: handlers restore in place, names never clash, bad input says what to change.
+
+These run in the test process on a one-process gloo group (no Ray): saving and restoring need no peers, and a
+sync with one rank exercises the same broadcasts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from elastrain.executor import elastic
+from elastrain.executor._private.elastic import runtime
+from elastrain.executor._private.elastic.world import make_world
+
+
+@pytest.fixture(scope="module")
+def one_process_group() -> Iterator[None]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def training_objects() -> tuple[Any, Any, Any, Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    second = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    sampler = elastic.ElasticSampler(list(range(10)), shuffle=False)
+    return model, optimizer, second, scheduler, sampler
+
+
+def train_steps(model: Any, optimizers: list[Any], scheduler: Any, steps: int) -> None:
+    for _ in range(steps):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        model(torch.ones(4, 3)).pow(2).sum().backward()
+        for optimizer in optimizers:
+            optimizer.step()
+        scheduler.step()
+
+
+def test_restore_rolls_back_in_place_and_keeps_the_objects_the_user_holds() -> None:
+    model, optimizer, second, scheduler, sampler = training_objects()
+    state = elastic.TorchState(model, optimizer, second=second, scheduler=scheduler, sampler=sampler, epoch=0)
+    train_steps(model, [optimizer, second], scheduler, 3)
+    sampler.record_batch(0, 4)
+    state.epoch = 1
+    state.save()
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+    committed_lr, committed_exp_avg = optimizer.param_groups[0]["lr"], optimizer.state[model.weight]["exp_avg"].clone()
+    momentum = second.state[model.weight]["momentum_buffer"].clone()
+
+    train_steps(model, [optimizer, second], scheduler, 4)
+    sampler.record_batch(1, 4)
+    state.epoch = 2
+    state.restore()
+
+    assert state.model is model and state.optimizer is optimizer and state.second is second
+    assert state.scheduler is scheduler and state.sampler is sampler
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, committed[name])
+    assert optimizer.param_groups[0]["lr"] == committed_lr
+    assert torch.equal(optimizer.state[model.weight]["exp_avg"], committed_exp_avg)
+    assert torch.equal(second.state[model.weight]["momentum_buffer"], momentum)
+    assert scheduler.last_epoch == 3
+    assert sampler.processed_num == 4 and len(sampler) == 6
+    assert state.epoch == 1
+
+
+def test_commit_copies_into_the_same_buffers() -> None:
+    model, optimizer, *_ = training_objects()
+    state = elastic.TorchState(model, optimizer)
+    handler = state._book.handlers["model"]
+    before = {k: v.data_ptr() for k, v in handler.saved.items()}
+    model.weight.data.add_(1.0)
+    state.save()
+    assert {k: v.data_ptr() for k, v in handler.saved.items()} == before
+    assert torch.equal(handler.saved["weight"], model.weight.detach())
+
+
+def test_user_values_named_like_bookkeeping_are_theirs() -> None:
+    state = elastic.TorchState(commits=0, step=3)  # Horovod's own tests pass commits=0
+    assert state.commits == 0 and state.commit_count == 0
+    state.commits = 7
+    state.save()
+    assert state.commit_count == 0 and state.commits == 7
+
+
+@pytest.mark.parametrize("name", ["commit", "save", "sync", "commit_count", "_elastic"])
+def test_values_that_would_shadow_the_state_api_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match=f"'{name}'.*taken by the state's own methods; rename"):
+        elastic.ObjectState(**{name: 1})
+
+
+def test_registry_takes_handlers_for_your_own_types() -> None:
+    class Counter:
+        def __init__(self) -> None:
+            self.count = 0
+
+    class CounterHandler(elastic.StateHandler):
+        def save(self) -> None:
+            self.saved = self.value.count
+
+        def restore(self) -> None:
+            self.value.count = self.saved
+
+        def sync(self, source: int) -> None:
+            self.value.count = elastic.broadcast_object(self.value.count, source)
+
+    original = elastic.get_handler_registry()
+    elastic.set_handler_registry([(Counter, CounterHandler), *original])
+    try:
+        counter = Counter()
+        state = elastic.TorchState(counter=counter)
+        counter.count = 5
+        state.restore()
+        assert state.counter is counter and counter.count == 0
+    finally:
+        elastic.set_handler_registry(original)
+    with pytest.raises(TypeError, match=r"\(type, StateHandler subclass\) pairs"):
+        elastic.set_handler_registry([(Counter, object)])  # type: ignore[list-item]
+
+
+def test_elastic_ddp_needs_a_group() -> None:
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match=r"call elastrain.executor.init_process_group\(\) first"):
+        elastic.DistributedDataParallel(torch.nn.Linear(2, 1))
+
+
+def test_sync_on_one_rank_keeps_everything(one_process_group: None) -> None:
+    model, optimizer, second, scheduler, sampler = training_objects()
+    state = elastic.TorchState(model, optimizer, second=second, scheduler=scheduler, sampler=sampler, step=2)
+    train_steps(model, [optimizer, second], scheduler, 2)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    runtime.install(runtime.Runtime(None, "w0", None))  # type: ignore[arg-type]
+    try:
+        state._synchronize()
+    finally:
+        runtime.install(None)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert state.step == 2 and state.commit_count == 0
+
+
+def test_objects_travel_without_numpy_in_the_way(one_process_group: None) -> None:
+    value = {"nested": [1, 2.5, "three"], "tensor_free": True}
+    assert elastic.broadcast_object(value, 0) == value
+    tensors = [torch.arange(5.0), torch.ones(2, 2, dtype=torch.float64), torch.zeros(0)]
+    elastic.broadcast_tensors(tensors, 0)
+    assert torch.equal(tensors[0], torch.arange(5.0))
+
+
+def test_torch_ddp_in_state_points_at_the_elastic_wrapper(one_process_group: None) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="elastrain.executor.elastic.DistributedDataParallel"):
+        elastic.TorchState(model)
+
+
+def test_elastic_ddp_outside_a_job_is_torch_ddp_on_the_default_group(one_process_group: None) -> None:
+    torch.manual_seed(0)
+    inner = torch.nn.Linear(2, 1)
+    model = elastic.DistributedDataParallel(inner, find_unused_parameters=False)
+    assert list(model.state_dict()) == ["module.weight", "module.bias"]
+    model(torch.ones(3, 2)).sum().backward()
+    assert inner.weight.grad is not None and torch.equal(inner.weight.grad, torch.full((1, 2), 3.0))
+    with pytest.raises(ValueError, match="drop process_group="):
+        elastic.DistributedDataParallel(inner, process_group=dist.group.WORLD)
+
+
+def test_sampler_resumes_an_epoch_and_pads_only_to_an_even_split() -> None:
+    sampler = elastic.ElasticSampler(list(range(10)), shuffle=True, seed=3)
+    first_epoch = list(sampler)
+    assert sorted(first_epoch) == list(range(10))
+    sampler.record_batch(0, 4)
+    sampler.set_epoch(0)  # the epoch it is in: progress kept
+    assert list(sampler) == first_epoch[4:]
+    restored = elastic.ElasticSampler(list(range(10)), shuffle=True, seed=3)
+    restored.load_state_dict(sampler.state_dict())
+    assert list(restored) == first_epoch[4:]
+    sampler.set_epoch(1)
+    second_epoch = list(sampler)
+    assert sorted(second_epoch) == list(range(10)) and second_epoch != first_epoch
+    with pytest.raises(TypeError, match="needs a dataset with a length"):
+        elastic.ElasticSampler(iter(range(3)))  # type: ignore[arg-type]
+
+
+class _Candidate:
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id, self.host_id, self.joined = worker_id, "host-1", True
+
+
+def test_ranks_within_a_host_follow_the_workers_numbers() -> None:
+    world = make_world(1, [_Candidate(w) for w in ("w10", "w2", "w1")], ["host-1"])
+    assert [m.worker_id for m in world.members] == ["w1", "w2", "w10"]
