@@ -69,15 +69,19 @@ def test_restore_rolls_back_in_place_and_keeps_the_objects_the_user_holds() -> N
     state.epoch = 2
     state.restore()
 
-    assert state.model is model and state.optimizer is optimizer and state.second is second
-    assert state.scheduler is scheduler and state.sampler is sampler
+    assert state.model is model
+    assert state.optimizer is optimizer
+    assert state.second is second
+    assert state.scheduler is scheduler
+    assert state.sampler is sampler
     for name, value in model.state_dict().items():
         assert torch.equal(value, committed[name])
     assert optimizer.param_groups[0]["lr"] == committed_lr
     assert torch.equal(optimizer.state[model.weight]["exp_avg"], committed_exp_avg)
     assert torch.equal(second.state[model.weight]["momentum_buffer"], momentum)
     assert scheduler.last_epoch == 3
-    assert sampler.processed_num == 4 and len(sampler) == 6
+    assert sampler.processed_num == 4
+    assert len(sampler) == 6
     assert state.epoch == 1
 
 
@@ -94,10 +98,12 @@ def test_commit_copies_into_the_same_buffers() -> None:
 
 def test_user_values_named_like_bookkeeping_are_theirs() -> None:
     state = elastic.TorchState(commits=0, step=3)  # Horovod's own tests pass commits=0
-    assert state.commits == 0 and state.commit_count == 0
+    assert state.commits == 0
+    assert state.commit_count == 0
     state.commits = 7
     state.save()
-    assert state.commit_count == 0 and state.commits == 7
+    assert state.commit_count == 0
+    assert state.commits == 7
 
 
 @pytest.mark.parametrize("name", ["commit", "save", "sync", "commit_count", "_elastic"])
@@ -128,7 +134,8 @@ def test_registry_takes_handlers_for_your_own_types() -> None:
         state = elastic.TorchState(counter=counter)
         counter.count = 5
         state.restore()
-        assert state.counter is counter and counter.count == 0
+        assert state.counter is counter
+        assert counter.count == 0
     finally:
         elastic.set_handler_registry(original)
     with pytest.raises(TypeError, match=r"\(type, StateHandler subclass\) pairs"):
@@ -152,7 +159,8 @@ def test_sync_on_one_rank_keeps_everything(one_process_group: None) -> None:
     finally:
         runtime.install(None)
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
-    assert state.step == 2 and state.commit_count == 0
+    assert state.step == 2
+    assert state.commit_count == 0
 
 
 def test_objects_travel_without_numpy_in_the_way(one_process_group: None) -> None:
@@ -165,7 +173,7 @@ def test_objects_travel_without_numpy_in_the_way(one_process_group: None) -> Non
 
 def test_torch_ddp_in_state_points_at_the_elastic_wrapper(one_process_group: None) -> None:
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-    with pytest.raises(TypeError, match="elastrain.executor.elastic.DistributedDataParallel"):
+    with pytest.raises(TypeError, match=r"elastrain\.executor\.elastic\.DistributedDataParallel"):
         elastic.TorchState(model)
 
 
@@ -175,7 +183,8 @@ def test_elastic_ddp_outside_a_job_is_torch_ddp_on_the_default_group(one_process
     model = elastic.DistributedDataParallel(inner, find_unused_parameters=False)
     assert list(model.state_dict()) == ["module.weight", "module.bias"]
     model(torch.ones(3, 2)).sum().backward()
-    assert inner.weight.grad is not None and torch.equal(inner.weight.grad, torch.full((1, 2), 3.0))
+    assert inner.weight.grad is not None
+    assert torch.equal(inner.weight.grad, torch.full((1, 2), 3.0))
     with pytest.raises(ValueError, match="drop process_group="):
         elastic.DistributedDataParallel(inner, process_group=dist.group.WORLD)
 
@@ -192,7 +201,8 @@ def test_sampler_resumes_an_epoch_and_pads_only_to_an_even_split() -> None:
     assert list(restored) == first_epoch[4:]
     sampler.set_epoch(1)
     second_epoch = list(sampler)
-    assert sorted(second_epoch) == list(range(10)) and second_epoch != first_epoch
+    assert sorted(second_epoch) == list(range(10))
+    assert second_epoch != first_epoch
     with pytest.raises(TypeError, match="needs a dataset with a length"):
         elastic.ElasticSampler(iter(range(3)))  # type: ignore[arg-type]
 
