@@ -8,7 +8,7 @@ small metadata.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # Tensors smaller than this are packed together into one broadcast; larger ones are sent where they lie.
@@ -49,47 +49,86 @@ def broadcast_object(value: Any, source: int) -> Any:
     return pickle.loads(received)  # noqa: S301 - state of this job's own workers
 
 
-def broadcast_tensors(tensors: Sequence[Any], source: int, bucket_bytes: int = _BUCKET_BYTES) -> None:
+def broadcast_tensors(
+    tensors: Sequence[Any],
+    source: int,
+    *,
+    after: Callable[[int], None] | None = None,
+    bucket_bytes: int = _BUCKET_BYTES,
+) -> None:
     """Overwrite ``tensors`` on every rank with rank ``source``'s, in place.
 
     Every rank passes tensors of the same shapes and dtypes in the same order. Large contiguous tensors on the
     collective device are broadcast where they lie; the rest are packed by dtype into buckets of at most
     ``bucket_bytes``, so a model of many small layers costs a few collectives, not one per tensor.
+
+    ``after(i)`` runs once ``tensors[i]`` holds the source's values, while the next broadcast is already in
+    flight: state sync copies each tensor into the committed copy there, overlapping that copy with the
+    transfer instead of adding it afterwards.
     """
     import torch.distributed as dist
 
     device = collective_device()
     receiving = dist.get_rank() != source
-    buckets: dict[Any, list[Any]] = {}
-    for tensor in tensors:
+    units: list[list[int]] = []  # indices of tensors that travel together, in order
+    open_buckets: dict[Any, list[int]] = {}
+    for index, tensor in enumerate(tensors):
         if tensor.numel() == 0:
             continue
         if tensor.device == device and tensor.is_contiguous() and tensor.nbytes >= bucket_bytes // 4:
-            dist.broadcast(tensor, source)
+            units.append([index])
             continue
-        bucket = buckets.setdefault(tensor.dtype, [])
-        if bucket and sum(t.nbytes for t in bucket) + tensor.nbytes > bucket_bytes:
-            _broadcast_packed(bucket, source, device, receiving)
+        bucket = open_buckets.setdefault(tensor.dtype, [])
+        if bucket and sum(tensors[i].nbytes for i in bucket) + tensor.nbytes > bucket_bytes:
+            units.append(list(bucket))
             bucket.clear()
-        bucket.append(tensor)
-    for bucket in buckets.values():
-        if bucket:
-            _broadcast_packed(bucket, source, device, receiving)
+        bucket.append(index)
+    units.extend(bucket for bucket in open_buckets.values() if bucket)
+
+    in_flight: list[tuple[Any, Callable[[], None], list[int]]] = []
+    for unit in units:
+        in_flight.append((*_start(tensors, unit, source, device, receiving), unit))
+        if len(in_flight) > 1:  # keep one broadcast going while the previous one is finished off
+            _finish(*in_flight.pop(0), after)
+    while in_flight:
+        _finish(*in_flight.pop(0), after)
+    if after is not None:
+        for index, tensor in enumerate(tensors):
+            if tensor.numel() == 0:
+                after(index)
 
 
-def _broadcast_packed(tensors: list[Any], source: int, device: Any, receiving: bool) -> None:
+def _finish(work: Any, unpack: Callable[[], None], unit: list[int], after: Callable[[int], None] | None) -> None:
+    work.wait()
+    unpack()
+    if after is not None:
+        for index in unit:
+            after(index)
+
+
+def _start(
+    tensors: Sequence[Any], unit: list[int], source: int, device: Any, receiving: bool
+) -> tuple[Any, Callable[[], None]]:
+    """Start broadcasting one unit; returns its work and what completes it (unpacking, then ``after``)."""
     import torch
     import torch.distributed as dist
 
+    if len(unit) == 1 and tensors[unit[0]].device == device and tensors[unit[0]].is_contiguous():
+        return dist.broadcast(tensors[unit[0]], source, async_op=True), lambda: None
+    parts = [tensors[i] for i in unit]
     if receiving:
-        flat = torch.empty(sum(t.numel() for t in tensors), dtype=tensors[0].dtype, device=device)
+        flat = torch.empty(sum(t.numel() for t in parts), dtype=parts[0].dtype, device=device)
     else:
-        flat = torch.cat([t.detach().reshape(-1).to(device) for t in tensors])
-    dist.broadcast(flat, source)
-    if receiving:
+        flat = torch.cat([t.detach().reshape(-1).to(device) for t in parts])
+
+    def unpack() -> None:
+        if not receiving:
+            return
         offset = 0
         with torch.no_grad():
-            for tensor in tensors:
+            for tensor in parts:
                 count = tensor.numel()
                 tensor.copy_(flat[offset : offset + count].view_as(tensor))
                 offset += count
+
+    return dist.broadcast(flat, source, async_op=True), unpack

@@ -24,6 +24,10 @@ class StateHandler:
     ``load_snapshot`` carry the committed copy to persistence; the default keeps it in ``saved``.
     """
 
+    #: Set by ``sync`` when it also left ``saved`` equal to the synced value (the commit that follows a sync then
+    #: skips this handler); built-in handlers do, overlapping the copy with the transfer.
+    saved_by_sync = False
+
     #: Also sync at a reset that only removed workers (``HostsUpdatedInterrupt(skip_sync=True)``): for objects
     #: whose partitioning depends on the world, like samplers.
     sync_on_every_reset = False
@@ -70,7 +74,15 @@ class ModuleHandler(StateHandler):
         theirs = broadcast_object(signature, source)
         if theirs != signature:
             raise ValueError(_mismatch("model", theirs, signature))
-        broadcast_tensors(list(live.values()), source)
+        names = list(live)
+        saved = dict(self.saved) if isinstance(self.saved, dict) else {}
+
+        def commit(index: int) -> None:  # each tensor into the committed copy as soon as it arrived
+            saved[names[index]] = copy_into(saved.get(names[index]), live[names[index]])
+
+        broadcast_tensors(list(live.values()), source, after=commit)
+        self.saved = {name: saved[name] for name in names}
+        self.saved_by_sync = True
 
 
 class OptimizerHandler(StateHandler):
@@ -96,6 +108,7 @@ class OptimizerHandler(StateHandler):
             raise ValueError("The optimizer's parameter groups differ between workers; build it the same everywhere.")
         params = [p for group in self.value.param_groups for p in group["params"]]
         targets: list[Any] = []
+        places: list[tuple[Any, str]] = []  # (parameter index, key) of each target
         state: dict[Any, dict[str, Any]] = {}
         for index, entries in skeleton["state"].items():
             mine = live["state"].get(index, {})
@@ -107,13 +120,25 @@ class OptimizerHandler(StateHandler):
                 current = mine.get(key)
                 if not (isinstance(current, torch.Tensor) and spec.matches(current)):
                     device = "cpu" if spec.on_cpu else params[index].device
-                    current = torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=device)
+                    # zeros, not empty: touching fresh pages first is several times faster than faulting them
+                    # in while gloo receives into them
+                    current = torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=device)
                 state[index][key] = current
                 targets.append(current)
-        broadcast_tensors(targets, source)
+                places.append((index, key))
+        previous = self.saved["state"] if isinstance(self.saved, dict) else {}
+        saved_state = {index: dict(entries) for index, entries in skeleton["state"].items()}
+
+        def commit(position: int) -> None:  # each tensor into the committed copy as soon as it arrived
+            index, key = places[position]
+            saved_state[index][key] = copy_into(previous.get(index, {}).get(key), targets[position])
+
+        broadcast_tensors(targets, source, after=commit)
         received = {"state": state, "param_groups": skeleton["param_groups"]}
         if not _load_in_place(self.value, received, adopt=True):
             self.value.load_state_dict(received)
+        self.saved = {"state": saved_state, "param_groups": copy.deepcopy(skeleton["param_groups"])}
+        self.saved_by_sync = True
 
 
 class SchedulerHandler(StateHandler):

@@ -139,8 +139,12 @@ class State:
             self.sync_on_every_reset()  # every member kept the same state: only the split changes
         else:
             self.sync()
-        self.save()
+        self._save_after_sync()
         book.commits = best
+
+    def _save_after_sync(self) -> None:
+        """Commit what the sync brought, so that every member rolls back to the same state."""
+        self.save()
 
 
 class ObjectState(State):
@@ -243,6 +247,14 @@ class TorchState(ObjectState):
         for handler in self._book.handlers.values():
             handler.sync(self.sync_source)
         super().sync()
+
+    def _save_after_sync(self) -> None:
+        for handler in self._book.handlers.values():
+            if handler.saved_by_sync:
+                handler.saved_by_sync = False  # saved while the sync ran, tensor by tensor
+            else:
+                handler.save()
+        ObjectState.save(self)
 
     def sync_on_every_reset(self) -> None:
         self._check_same_handlers()
