@@ -1,5 +1,8 @@
 """Only elastrain-discovery and elastrain-executor installed: static and elastic jobs work, nothing else is
-needed (no pydantic, no other elastrain package), and the executor runs untracked without complaint."""
+needed (no pydantic, no numpy, no other elastrain package), and the executor runs untracked without complaint.
+
+This is the install the executor's README gives (``elastrain-executor`` plus ``torch``): an elastic reset here
+syncs state between workers that have no numpy."""
 
 from __future__ import annotations
 
@@ -18,13 +21,19 @@ from elastrain.executor import RayExecutor, context
 from elastrain_testutils.ray_testing import local_ray
 
 
+# torch says once, on import, that it runs without numpy: that is what this scenario checks works.
+pytestmark = pytest.mark.filterwarnings("ignore:Failed to initialize NumPy:UserWarning")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ray_2_cpus() -> Iterator[None]:
     with local_ray(num_cpus=2):
         yield
 
 
-@pytest.mark.parametrize("name", ["pydantic", "elastrain.state", "elastrain.durable", "elastrain.dashboard_api"])
+@pytest.mark.parametrize(
+    "name", ["pydantic", "numpy", "elastrain.state", "elastrain.durable", "elastrain.dashboard_api"]
+)
 def test_only_the_named_packages_are_installed(name: str) -> None:
     parent = name.rpartition(".")[0]
     if parent:
@@ -81,6 +90,17 @@ def test_elastic_job_recovers_from_a_crash_and_loses_nothing(tmp_path: Path) -> 
     assert len(results) == 2
     for result in results:
         assert result["weights"] == pytest.approx(reference(last_step[0]), rel=1e-9, abs=1e-12)
+
+
+def numpy_on_the_worker() -> bool:
+    return importlib.util.find_spec("numpy") is not None
+
+
+def test_workers_have_no_numpy_either() -> None:
+    settings = RayExecutor.create_settings(timeout_s=60)
+    with RayExecutor(settings, num_workers=1, cpus_per_worker=0.5) as executor:
+        executor.start()
+        assert executor.run(numpy_on_the_worker) == [False]
 
 
 def test_elastic_only_methods_say_so() -> None:
