@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import tomllib
 import xml.etree.ElementTree as ElementTree
 import zipfile
@@ -66,13 +67,17 @@ DISCARD_VENVS_ENV = "ELASTRAIN_DISCARD_VENVS"
 
 
 def discards_venv_in_ci(function: Callable[..., None]) -> Callable[..., None]:
-    """Remove the session's venv when it ends, pass or fail, while `ci` asks for it."""
+    """Remove the session's venv when it ends, pass or fail, while `ci` asks for it; record how long it took."""
 
     @functools.wraps(function)
     def wrapper(session: nox.Session, *args: Any, **kwargs: Any) -> None:
+        started = time.monotonic()
+        outcome = "failed"
         try:
             function(session, *args, **kwargs)
+            outcome = "passed"
         finally:
+            _record_time(session.name, time.monotonic() - started, outcome)
             location = getattr(session.virtualenv, "location", None)
             if os.environ.get(DISCARD_VENVS_ENV) == "1" and location and Path(location).is_dir():
                 _stop_leftovers(session, Path(location))
@@ -83,6 +88,13 @@ def discards_venv_in_ci(function: Callable[..., None]) -> Callable[..., None]:
                     session.log(f"Discarded {location} to keep disk use low; {_free_disk()} free.")
 
     return wrapper
+
+
+def _record_time(name: str, seconds: float, outcome: str) -> None:
+    """One line per session in .ci-results/times.jsonl, which ci_summary prints (only while `ci` collects)."""
+    if RESULTS.is_dir() and (RESULTS / "expected.json").is_file():
+        with open(RESULTS / "times.jsonl", "a") as times:
+            times.write(json.dumps({"session": name, "seconds": round(seconds, 1), "outcome": outcome}) + "\n")
 
 
 def _stop_leftovers(session: nox.Session, venv: Path) -> None:
@@ -447,6 +459,14 @@ def ci_summary(session: nox.Session) -> None:
             totals["passed"] += tests_run - skipped - failed
             totals["failed"] += failed
             totals["skipped"] += skipped
+    times_file = RESULTS / "times.jsonl"
+    if times_file.is_file():
+        rows = [json.loads(line) for line in times_file.read_text().splitlines() if line.strip()]
+        width = max(len(row["session"]) for row in rows)
+        print("ci: time per session", flush=True)
+        for row in rows:
+            print(f"  {row['session']:<{width}}  {row['seconds']:7.1f} s  {row['outcome']}", flush=True)
+        print(f"  {'total':<{width}}  {sum(row['seconds'] for row in rows):7.1f} s", flush=True)
     print(f"ci: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped", flush=True)
     if missing:
         session.error(f"No test report from: {', '.join(missing)} (a tests session failed before pytest ran).")

@@ -7,6 +7,12 @@ elastic, in the same run. elastrain's discovery and Ray Train V2's resize monito
   group from its last checkpoint.
 - node added (``ray.cluster_utils.Cluster``): time from ``add_node`` to the first step with the larger group.
 - hard node loss (``remove_node(node, allow_graceful=False)``): time to the first step on the remaining workers.
+- against torchft 0.2.0 (``torchft_baseline.py``; 3 replica groups, 1 s join timeout, 5 s process-group
+  timeout) with elastrain's ``replacement.py`` (the same model, step time and commit every step): crash → the
+  survivors' next step, and replacement started → its first step in sync; and whether DDP ever crashed a
+  survivor (torchft's DDP wrapper, elastrain's ``elastic.DistributedDataParallel``).
+- sync at a reset (``sync_at_reset.py``): ``TorchState`` bringing a 100M-parameter model with Adam state to a
+  newcomer and to a survivor, against ``torch.distributed.broadcast`` of the same tensors, with peak memory.
 
 Every scenario runs ``REPEATS`` times, each in a fresh process and Ray, and the rows show medians (a single
 cluster run here varies by about a second). Timestamps come from ``time.time()`` in the workers and the driver;
@@ -303,6 +309,38 @@ def horovod_crash() -> dict[str, Any]:
     return {"recovery_s": min(t for t in times if t > crashed_at) - crashed_at}
 
 
+def elastrain_replacement() -> dict[str, Any]:
+    import replacement
+
+    return replacement.measure(use_ddp=False)
+
+
+def elastrain_replacement_ddp() -> dict[str, Any]:
+    import replacement
+
+    return replacement.measure(use_ddp=True)
+
+
+def torchft_recovery() -> dict[str, Any]:
+    import torchft_baseline
+
+    result = torchft_baseline.measure_torchft(repeats=REPEATS)
+    if "skipped" in result:
+        return {"skipped": result["skipped"]}
+    return {
+        "recovery_s": result["crash_to_next_commit_s"]["median"],
+        "replacement_to_first_step_s": result["restart_to_first_commit_s"]["median"],
+        "ddp_survivor_crashed": result.get("ddp_survivor_crashed"),
+        "ddp_error": result.get("ddp_error"),
+    }
+
+
+def elastrain_sync() -> dict[str, Any]:
+    import sync_at_reset
+
+    return sync_at_reset.measure()
+
+
 SCENARIOS = {
     "elastrain_crash": elastrain_crash,
     "elastrain_node_added": elastrain_node_added,
@@ -311,7 +349,46 @@ SCENARIOS = {
     "ray_train_node_added": ray_train_node_added,
     "ray_train_node_lost": ray_train_node_lost,
     "horovod_crash": horovod_crash,
+    "elastrain_replacement": elastrain_replacement,
+    "elastrain_replacement_ddp": elastrain_replacement_ddp,
+    # torchft repeats inside one job (one lighthouse), elastrain's sync inside one Ray job: one child each.
+    "torchft_recovery": torchft_recovery,
+    "elastrain_sync": elastrain_sync,
 }
+RUN_ONCE = {"horovod_crash", "torchft_recovery", "elastrain_sync"}
+
+
+def torchft_rows(results: dict[str, Any]) -> list[Row]:
+    ours, theirs = results.get("elastrain_replacement"), results.get("torchft_recovery")
+    ours_ddp = results.get("elastrain_replacement_ddp")
+    if not ours or not theirs or "recovery_s" not in theirs:
+        return []
+    case = "worker crash, CPU/gloo"
+    rows = [
+        Row(case, "crash → survivors' next step", ours["recovery_s"], "torchft 0.2.0 (1 s join timeout)",
+            theirs["recovery_s"], 0.25),
+        Row(case, "replacement started → first step in sync", ours["replacement_to_first_step_s"],
+            "torchft 0.2.0 restart → first commit", theirs["replacement_to_first_step_s"], 1.0),
+    ]  # fmt: skip
+    if ours_ddp:
+        rows.append(
+            Row(case + ", elastic DDP", "crash → survivors' next step", ours_ddp["recovery_s"],
+                "torchft 0.2.0 (1 s join timeout)", theirs["recovery_s"], None)
+        )  # fmt: skip
+    return rows
+
+
+def sync_rows(results: dict[str, Any]) -> list[Row]:
+    sync = results.get("elastrain_sync")
+    if not sync:
+        return []
+    case = f"sync at a reset, {sync['parameters'] / 1e6:.0f}M parameters + Adam"
+    return [
+        Row(case, "survivor (state in place)", sync["sync_survivor_s"], "dist.broadcast into held tensors",
+            sync["broadcast_s"], 1.3),
+        Row(case, "newcomer (allocates optimizer state)", sync["sync_newcomer_s"],
+            "dist.broadcast into freshly allocated tensors", sync["broadcast_allocating_s"], 1.3),
+    ]  # fmt: skip
 
 
 def measure_in_child(name: str, repeats: int) -> dict[str, Any] | None:
@@ -353,12 +430,12 @@ def main() -> None:
     have_horovod = importlib.util.find_spec("horovod") is not None
     repeats = 1 if args.quick else REPEATS
     results = {
-        name: measure_in_child(name, 1 if name.startswith("horovod") else repeats)
+        name: measure_in_child(name, 1 if name in RUN_ONCE else repeats)
         for name in SCENARIOS
         if have_horovod or not name.startswith("horovod")
     }
     rows: list[Row] = []
-    crash, train_crash = results["elastrain_crash"], results["ray_train_crash"]
+    crash, train_crash = results.get("elastrain_crash"), results.get("ray_train_crash")
     if crash and train_crash:
         rows.append(
             Row("worker crash, 2 workers", "crash → next step", crash["recovery_s"], "Ray Train FailureConfig restart",
@@ -378,12 +455,24 @@ def main() -> None:
         ("node_added", "add_node → first step with 2 workers", 0.2),
         ("node_lost", "remove_node(allow_graceful=False) → first step on 1 worker", 0.1),
     ):
-        ours, theirs = results[f"elastrain_{scenario}"], results[f"ray_train_{scenario}"]
+        ours, theirs = results.get(f"elastrain_{scenario}"), results.get(f"ray_train_{scenario}")
         if ours and theirs:
             case = "Cluster, node added" if scenario == "node_added" else "Cluster, hard node loss"
             rows.append(Row(case, metric, ours["recovery_s"], "Ray Train V2 elastic", theirs["recovery_s"], target))
+    rows += torchft_rows(results)
+    rows += sync_rows(results)
     notes = {
         "failed_scenarios": [name for name, value in results.items() if value is None],
+        "ddp_survivor_crashed": {
+            "elastrain": (results.get("elastrain_replacement_ddp") or {}).get("ddp_survivor_crashed"),
+            "torchft": (results.get("torchft_recovery") or {}).get("ddp_survivor_crashed"),
+            "torchft_error": (results.get("torchft_recovery") or {}).get("ddp_error"),
+        },
+        "sync_peak_rss_over_model_and_optimizer": {
+            key: round(value, 2)
+            for key, value in (results.get("elastrain_sync") or {}).items()
+            if key.startswith("peak_rss_ratio")
+        },
         "monitor_interval_s": MONITOR_INTERVAL_S,
         "repeats": repeats,
         "samples_s": {name: value["samples"] for name, value in results.items() if value},

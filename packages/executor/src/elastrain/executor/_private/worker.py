@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,6 +45,9 @@ class Worker:
         """Elastic workers: import torch before joining, so a new worker never holds up a running group."""
         import torch.distributed  # noqa: F401
 
+        # Building the first DistributedDataParallel imports torch._dynamo (~1 s). A newcomer builds it after it
+        # joined, while the others wait in the sync: import it now, in the background, while nobody waits.
+        threading.Thread(target=_warm_up_ddp, name="elastrain-warm-up", daemon=True).start()
         return self.node_info()
 
     def run_elastic(
@@ -139,6 +144,11 @@ class Worker:
             import ray
 
             ray.wait(outstanding, num_returns=len(outstanding), timeout=_FLUSH_TIMEOUT_S)
+
+
+def _warm_up_ddp() -> None:
+    with contextlib.suppress(Exception):  # only a head start: DDP imports it itself when this failed
+        import torch._dynamo  # noqa: F401
 
 
 def _unpack(call: bytes) -> Any:
