@@ -215,3 +215,18 @@ class _Candidate:
 def test_ranks_within_a_host_follow_the_workers_numbers() -> None:
     world = make_world(1, [_Candidate(w) for w in ("w10", "w2", "w1")], ["host-1"])
     assert [m.worker_id for m in world.members] == ["w1", "w2", "w10"]
+
+
+def test_a_reset_runs_the_reset_hook_then_the_callbacks_in_order() -> None:
+    calls: list[str] = []
+
+    class Tracked(elastic.ObjectState):
+        def reset(self) -> None:
+            calls.append("reset")
+
+    state = Tracked(step=0)
+    state.register_reset_callbacks([lambda: calls.append("first"), lambda: calls.append("second")])
+    state.on_reset()
+    assert calls == ["reset", "first", "second"]
+    with pytest.raises(TypeError, match="takes a list of functions"):
+        state.register_reset_callbacks([1])  # type: ignore[list-item]
