@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import socket
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,12 +42,15 @@ class Worker:
         )
 
     def prepare(self) -> NodeInfo:
-        """Elastic workers: import torch before joining, so a new worker never holds up a running group."""
+        """Elastic workers: import torch before joining, so a new worker never holds up a running group.
+
+        That includes torch._dynamo (~1 s here), which torch imports when the first optimizer or
+        DistributedDataParallel is built: a newcomer builds those after it joined, while the group waits.
+        """
         import torch.distributed  # noqa: F401
 
-        # Building the first DistributedDataParallel imports torch._dynamo (~1 s). A newcomer builds it after it
-        # joined, while the others wait in the sync: import it now, in the background, while nobody waits.
-        threading.Thread(target=_warm_up_ddp, name="elastrain-warm-up", daemon=True).start()
+        with contextlib.suppress(Exception):  # only a head start: torch imports it itself when this failed
+            importlib.import_module("torch._dynamo")
         return self.node_info()
 
     def run_elastic(
@@ -144,11 +147,6 @@ class Worker:
             import ray
 
             ray.wait(outstanding, num_returns=len(outstanding), timeout=_FLUSH_TIMEOUT_S)
-
-
-def _warm_up_ddp() -> None:
-    with contextlib.suppress(Exception):  # only a head start: DDP imports it itself when this failed
-        import torch._dynamo  # noqa: F401
 
 
 def _unpack(call: bytes) -> Any:
