@@ -348,7 +348,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
 
 def _flush_persistence(state: State) -> None:
     """Rank 0 waits for the persisted state's upload in flight; a failure there no longer fails the job."""
-    persistence = getattr(state, "_persistence", None)
+    persistence = getattr(getattr(state, "_book", None), "persistence", None)
     if persistence is None or rank() != 0:
         return
     try:
