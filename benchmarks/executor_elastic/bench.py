@@ -85,7 +85,7 @@ def elastrain_crash() -> dict[str, float]:
         # min_workers=1: the survivor may go on alone while the replacement starts.
         with RayExecutor(settings, min_workers=1, max_workers=2, cpus_per_worker=1) as executor:
             executor.start()
-            executor.run(elastrain_train, args=[CRASH_STEP + 60, marker], callbacks=[steps.append])
+            executor.run(elastrain_train, args=[CRASH_STEP + 100, marker], callbacks=[steps.append])
         crashed_at = float(Path(marker).read_text())
     ray.shutdown()
     after = [m for m in steps if m["t"] > crashed_at]

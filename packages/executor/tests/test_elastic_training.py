@@ -491,3 +491,48 @@ def test_check_host_updates_keeps_work_done_since_the_last_commit(crash_dir: Pat
     assert len(survivor) == 2
     assert newcomer == [survivor[1]]
     assert survivor[1] >= 4, f"the survivor went back to its commit at step 1: {survivor}"
+
+
+class FolderPersistence:
+    """The persistence protocol on a local folder (what elastrain-durable's StatePersistence implements)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def committed(self, state: Any) -> None:
+        Path(self.folder, "committed").write_text(str(state.commit_count))
+
+    def latest(self) -> str | None:
+        return None
+
+    def load(self, name: str) -> tuple[Any, int]:
+        raise AssertionError("nothing was persisted before this job")
+
+    def flush(self) -> None:
+        Path(self.folder, "flushed").write_text("yes")
+
+
+def train_persisted(folder: str) -> int:
+    import torch.distributed as dist
+
+    state = elastic.ObjectState(step=0, commits=0)  # a user value named like the bookkeeping
+    state.persist_with(FolderPersistence(folder))
+
+    @elastic.run
+    def loop(state: elastic.ObjectState) -> int:
+        while state.step < 5:
+            dist.barrier()
+            state.step += 1
+            state.commit()
+        return state.commit_count
+
+    return loop(state)
+
+
+def test_persistence_sees_every_commit_and_is_flushed_at_the_end(tmp_path: Path) -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    with elastic_executor(discovery, min_workers=2, max_workers=2) as executor:
+        executor.start()
+        assert executor.run(train_persisted, args=[str(tmp_path)]) == [5, 5]
+    assert (tmp_path / "committed").read_text() == "5"
+    assert (tmp_path / "flushed").read_text() == "yes"
