@@ -20,7 +20,6 @@ from elastrain.discovery import RayHostDiscovery
 from elastrain.executor import RayExecutor, context
 from elastrain_testutils.ray_testing import local_ray
 
-
 # torch says once, on import, that it runs without numpy: that is what this scenario checks works.
 pytestmark = pytest.mark.filterwarnings("ignore:Failed to initialize NumPy:UserWarning")
 
