@@ -230,3 +230,19 @@ def test_a_reset_runs_the_reset_hook_then_the_callbacks_in_order() -> None:
     assert calls == ["reset", "first", "second"]
     with pytest.raises(TypeError, match="takes a list of functions"):
         state.register_reset_callbacks([1])  # type: ignore[list-item]
+
+
+def test_a_snapshot_stays_as_it_was_when_training_commits_again() -> None:
+    """Persistence pickles snapshots in the background while training goes on committing into its buffers."""
+    model, optimizer, *_ = training_objects()
+    state = elastic.TorchState(model, optimizer, step=1)
+    snapshot = state.snapshot()
+    before = snapshot["handlers"]["model"]["weight"].clone()
+    model.weight.data.add_(1.0)
+    state.save()
+    assert torch.equal(snapshot["handlers"]["model"]["weight"], before)
+    restored = elastic.TorchState(training_objects()[0], step=0)
+    restored.load_snapshot({"handlers": {"model": snapshot["handlers"]["model"]}, "values": {"step": 1}}, 3)
+    assert torch.equal(restored.model.weight.detach(), before)
+    assert restored.step == 1
+    assert restored.commit_count == 3

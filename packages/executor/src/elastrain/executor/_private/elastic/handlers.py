@@ -21,7 +21,7 @@ class StateHandler:
     ``sync(source)`` runs on every worker at once and must leave ``value`` equal to rank ``source``'s (use
     :func:`elastic.broadcast_object <elastrain.executor.elastic.broadcast_object>` and
     :func:`elastic.broadcast_tensors <elastrain.executor.elastic.broadcast_tensors>`). ``snapshot`` and
-    ``load_snapshot`` carry the committed copy to persistence; the default keeps it in ``saved``.
+    ``load_snapshot`` carry the committed copy to persistence; the defaults copy ``saved`` out and set it.
     """
 
     #: Set by ``sync`` when it also left ``saved`` equal to the synced value (the commit that follows a sync then
@@ -52,7 +52,9 @@ class StateHandler:
         self.save()
 
     def snapshot(self) -> Any:
-        return self.saved
+        # A copy: commits copy into the committed buffers in place, and persistence pickles a snapshot in the
+        # background, while training commits again.
+        return clone(self.saved)
 
     def load_snapshot(self, saved: Any) -> None:
         self.saved = saved
