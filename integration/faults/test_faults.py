@@ -178,7 +178,8 @@ def test_everything_fails_and_nothing_committed_is_lost(cluster: Any, seaweed: S
     for checkpoint in kept:
         target = tmp_path / "restored" / checkpoint.name
         store.restore(checkpoint, local_dir=target)
-        model_state, _, values = pickle.loads((target / "state.pkl").read_bytes())  # noqa: S301 - our own
+        snapshot = pickle.loads((target / "state.pkl").read_bytes())  # noqa: S301 - our own
+        model_state, values = snapshot["handlers"]["model"], snapshot["values"]
         assert [float(v) for v in model_state["weight"].flatten()] == pytest.approx(
             reference(values["step"]), rel=1e-9, abs=1e-12
         )

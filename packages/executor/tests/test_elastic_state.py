@@ -246,3 +246,13 @@ def test_a_snapshot_stays_as_it_was_when_training_commits_again() -> None:
     assert torch.equal(restored.model.weight.detach(), before)
     assert restored.step == 1
     assert restored.commit_count == 3
+
+
+def test_snapshots_persisted_before_handlers_still_load() -> None:
+    model, optimizer, *_ = training_objects()
+    old = ({k: v.clone() + 1 for k, v in model.state_dict().items()}, None, {"step": 7})
+    state = elastic.TorchState(model, optimizer, step=0)
+    state.load_snapshot(old, 4)
+    assert torch.equal(model.weight.detach(), old[0]["weight"])
+    assert state.step == 7
+    assert state.commit_count == 4

@@ -272,12 +272,17 @@ class TorchState(ObjectState):
             )
 
     def snapshot(self) -> Any:
+        """``{"handlers": {name: committed state_dict}, "values": {name: value}}``, tensors on the CPU."""
         return {
             "handlers": {name: handler.snapshot() for name, handler in self._book.handlers.items()},
             "values": super().snapshot(),
         }
 
     def load_snapshot(self, snapshot: Any, commits: int) -> None:
+        if isinstance(snapshot, tuple):  # (model, optimizer, values): what executors before handlers persisted
+            model, optimizer, values = snapshot
+            handlers = {k: v for k, v in (("model", model), ("optimizer", optimizer)) if v is not None}
+            snapshot = {"handlers": handlers, "values": values}
         for name, saved in snapshot["handlers"].items():
             self._book.handlers[name].load_snapshot(saved)
         super().load_snapshot(snapshot["values"], commits)
