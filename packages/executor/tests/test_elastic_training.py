@@ -364,6 +364,10 @@ def train_on_samples(epochs: str, dataset_size: int, batch_size: int) -> int:
                 optimizer.step()
                 sampler.record_batch(0, len(indices))
                 state.step += 1
+                # Every rank reports the whole world's batch: a rank stopped right after a step it trained may
+                # never get its own message out, and one message per step is then enough.
+                everyone = [torch.empty_like(indices) for _ in range(dist.get_world_size())]
+                dist.all_gather(everyone, indices)
                 send(
                     {
                         "event": "step",
@@ -371,7 +375,7 @@ def train_on_samples(epochs: str, dataset_size: int, batch_size: int) -> int:
                         "epoch": state.epoch,
                         "size": dist.get_world_size(),
                         "world": os.environ["MASTER_PORT"],
-                        "indices": indices.tolist(),
+                        "indices": torch.cat(everyone).tolist(),
                     }
                 )
                 state.commit()
@@ -400,14 +404,14 @@ def test_elastic_sampler_trains_every_sample_once_across_shrink_and_grow(tmp_pat
     for message in recorder.events("step"):
         runs.setdefault(message["step"], {}).setdefault(message["world"], []).append(message)
     surviving = [list(by_world.values())[-1] for _, by_world in sorted(runs.items())]
-    assert {len(ranks) for ranks in surviving} == {1, 2, 3}, "the job never ran at every size"
+    assert {ranks[0]["size"] for ranks in surviving} == {1, 2, 3}, "the job never ran at every size"
     epochs: dict[int, list[int]] = {}
     splits: dict[int, set[str]] = {}
     for ranks in surviving:
-        assert len(ranks) == ranks[0]["size"], f"step {ranks[0]['step']} lost a rank's message"
-        for message in ranks:
-            epochs.setdefault(message["epoch"], []).extend(message["indices"])
-            splits.setdefault(message["epoch"], set()).add(message["world"])
+        assert all(m["indices"] == ranks[0]["indices"] for m in ranks), f"step {ranks[0]['step']}: ranks disagree"
+        message = ranks[0]
+        epochs.setdefault(message["epoch"], []).extend(message["indices"])
+        splits.setdefault(message["epoch"], set()).add(message["world"])
     assert sorted(epochs) == list(range(int(stop_file.read_text())))
     for epoch, trained in epochs.items():
         skipped = set(range(dataset_size)) - set(trained)
