@@ -62,3 +62,19 @@ def test_packed_workers_fill_nodes(cluster: Any) -> None:
     assert [c.local_rank for c in seen] == [0, 1, 0, 1]
     assert [c.node_rank for c in seen] == [0, 0, 1, 1]
     assert len({c.node_id for c in seen}) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # 3.6 CPU in all fit the cluster's 4, but each 2-CPU node holds one 1.2-CPU worker
+        ({"num_workers": 3, "cpus_per_worker": 1.2}, r"4 CPU in total \(its 2 nodes\), room for 2 .* num_workers=2"),
+        ({"num_hosts": 3, "num_workers_per_host": 1}, r"only 2 of its nodes have .* num_hosts=2 or fewer"),
+    ],
+)
+def test_a_request_no_set_of_nodes_can_hold_fails_at_once(cluster: Any, kwargs: dict[str, Any], message: str) -> None:
+    from elastrain.executor import PlacementError
+
+    settings = RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=60)
+    with RayExecutor(settings, **kwargs) as ex, pytest.raises(PlacementError, match=message):
+        ex.start()

@@ -28,8 +28,13 @@ class WorkerDiedError(ExecutorError):
         super().__init__(f"Rank {rank} worker on node {node_id} died: {reason}")
 
 
-class PlacementError(ExecutorError):
-    """The cluster could not grant the workers' resources within ``placement_group_timeout_s``."""
+class PlacementError(ExecutorError, TimeoutError):
+    """The cluster cannot grant the workers' resources: never (raised at once), or not within
+    ``placement_group_timeout_s``.
+
+    It is also a ``TimeoutError``, as every placement failure of Horovod's ``RayExecutor`` is, so code written
+    for Horovod (``except TimeoutError``) keeps working.
+    """
 
 
 class ExecutorNotStartedError(ExecutorError):

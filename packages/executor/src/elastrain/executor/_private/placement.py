@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastrain.discovery import SlotInfo, assign_slots
+from elastrain.executor._private.capacity import CAN_GROW_ENV, cluster_capacity, most_bundles
 from elastrain.executor._private.errors import PlacementError
 
 
@@ -71,10 +72,14 @@ def plan_placement(
 
 
 def reserve(plan: PlacementPlan, timeout_s: float) -> Any:
-    """Create the placement group and wait until the cluster grants it; on timeout remove it and explain."""
+    """Create the placement group and wait until the cluster grants it; on timeout remove it and explain.
+
+    A request the cluster can never grant (see :mod:`.capacity` for when the cluster may grow) fails at once.
+    """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    check_possible(plan)
     group = placement_group(plan.bundles, strategy=plan.strategy, name="")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if ready:
@@ -91,9 +96,43 @@ def reserve(plan: PlacementPlan, timeout_s: float) -> Any:
     )
 
 
-def _describe(resources: dict[str, float]) -> str:
-    shown = {k: v for k, v in sorted(resources.items()) if k in ("CPU", "GPU")}
-    return ", ".join(f"{v:g} {k}" for k, v in shown.items()) or "no CPU or GPU"
+def check_possible(plan: PlacementPlan) -> None:
+    """Raise :class:`PlacementError` when the cluster can never hold the plan's bundles."""
+    capacity = cluster_capacity()
+    if capacity is None or not plan.bundles:
+        return
+    bundle = plan.bundles[0]
+    most = most_bundles(bundle, capacity, plan.strategy)
+    if most >= len(plan.bundles):
+        return
+    wanted = len(plan.bundles)
+    keys = sorted(bundle)
+    asked = {name: amount * wanted for name, amount in bundle.items()}
+    if plan.strategy == "STRICT_SPREAD":
+        what = f"num_hosts={wanted} hosts, each a node with {_describe(bundle, keys)} for its workers,"
+        change = f"num_hosts={most} or fewer" if most else "fewer workers per host or fewer resources per worker"
+        room = f"only {most} of its nodes {'has' if most == 1 else 'have'} that much"
+    else:
+        what = f"num_workers={wanted} workers with {_describe(bundle, keys)} each ({_describe(asked, keys)} in all)"
+        change = f"num_workers={most} or fewer" if most else "fewer resources per worker"
+        room = f"room for {most} such workers"
+    if "GPU" in bundle and not capacity.totals.get("GPU"):
+        change = "use_gpu=False (the cluster has no GPU)"
+    grow = (
+        "An autoscaler is configured but cannot grow the cluster beyond that."
+        if capacity.nodes is None
+        else f"No autoscaler is configured (if nodes will join, set {CAN_GROW_ENV}=1 to wait for them)."
+    )
+    raise PlacementError(
+        f"This executor asks for {what} but the cluster can never hold that: it has {_describe(capacity.totals, keys)} "
+        f"in total ({capacity.source}), {room}. {grow} Ask for {change}, or add nodes."
+    )
+
+
+def _describe(resources: dict[str, float], keys: Sequence[str] | None = None) -> str:
+    """``"2 CPU, 1 GPU"``: the given keys (0 when absent), else whichever of CPU and GPU are present."""
+    names = keys if keys is not None else [k for k in ("CPU", "GPU") if k in resources]
+    return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in names) or "no CPU or GPU"
 
 
 def assign_ranks(nodes: Sequence[NodeInfo]) -> list[WorkerPlacement]:
