@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import pickle
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -18,6 +20,14 @@ _PULL_WAIT_S = 0.5
 
 # (call id, sender: the worker's stable id, sequence number within the call, message)
 Envelope = tuple[int, str, int, dict[str, Any]]
+# What was dropped since the last pull: per (call id, sender), the highest sequence number dropped and how many.
+Dropped = dict[tuple[int, str], tuple[int, int]]
+# What one pull returns: the buffered messages, and what was dropped.
+Batch = tuple[list[Envelope], Dropped]
+
+# The sink holds at most this many messages, and this many bytes of them (pickled), until the driver pulls.
+MAX_MESSAGES = 10_000
+MAX_BYTES = 64 * 1024 * 1024
 
 
 class MessageSink:
@@ -25,26 +35,68 @@ class MessageSink:
 
     An async actor may run one caller's ``put``s out of order, so each message carries its sequence number
     and the driver restores the order.
+
+    The buffer is bounded by ``max_messages`` and ``max_bytes``. Workers never wait on it (a ``send()`` must not
+    stall training because callbacks are slow); when it is full the oldest messages are dropped, and a message
+    larger than ``max_bytes`` on its own is dropped on arrival. Each pull reports what was dropped, so the
+    driver skips the gaps instead of waiting for them; it warns at a call's first drop and gives the count when
+    the call ends.
     """
 
-    def __init__(self) -> None:
-        self._messages: list[Envelope] = []
+    def __init__(self, max_messages: int = MAX_MESSAGES, max_bytes: int = MAX_BYTES) -> None:
+        if max_messages < 1 or max_bytes < 1:
+            raise ValueError(
+                f"MessageSink needs max_messages >= 1 and max_bytes >= 1, got {max_messages}, {max_bytes}."
+            )
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._messages: collections.deque[tuple[Envelope, int]] = collections.deque()
+        self._bytes = 0
+        self._dropped: Dropped = {}
         self._arrived = asyncio.Event()
 
     async def put(self, envelope: Envelope) -> None:
-        self._messages.append(envelope)
+        size = _size(envelope[3])
+        if size > self._max_bytes:
+            self._drop(envelope)
+            return
+        self._messages.append((envelope, size))
+        self._bytes += size
+        while len(self._messages) > self._max_messages or self._bytes > self._max_bytes:
+            oldest, oldest_size = self._messages.popleft()
+            self._bytes -= oldest_size
+            self._drop(oldest)
         self._arrived.set()
 
-    async def pull(self, wait_s: float) -> list[Envelope]:
-        """Everything buffered, waiting up to ``wait_s`` for the first message."""
-        if not self._messages:
+    async def pull(self, wait_s: float) -> Batch:
+        """Everything buffered and what was dropped, waiting up to ``wait_s`` for the first message."""
+        if not self._messages and not self._dropped:
             try:
                 await asyncio.wait_for(self._arrived.wait(), wait_s)
             except TimeoutError:
-                return []
-        messages, self._messages = self._messages, []
+                return [], {}
+        batch = ([envelope for envelope, _ in self._messages], self._dropped)
+        self._messages, self._bytes = collections.deque(), 0
+        self._dropped = {}
         self._arrived.clear()
-        return messages
+        return batch
+
+    def _drop(self, envelope: Envelope) -> None:
+        call_id, sender, seq, _ = envelope
+        key = (call_id, sender)
+        last, count = self._dropped.get(key, (-1, 0))
+        self._dropped[key] = (max(last, seq), count + 1)
+        self._arrived.set()  # the driver learns of the gap without waiting for the next message
+
+
+def _size(message: dict[str, Any]) -> int:
+    """A message's pickled size, what it costs the sink to hold (roughly)."""
+    try:
+        return len(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # Ray pickled it with cloudpickle (a lambda in a message, say)
+        from ray import cloudpickle
+
+        return len(cloudpickle.dumps(message))
 
 
 class MessagePump:
@@ -61,6 +113,7 @@ class MessagePump:
         self._held: dict[tuple[str, int], dict[str, Any]] = {}  # arrived ahead of an earlier message
         self._stopping = threading.Event()
         self._error: BaseException | None = None
+        self.dropped = 0  # messages of this call the sink dropped because its buffer was full
         self._thread = threading.Thread(target=self._pump, name="elastrain-callbacks", daemon=True)
 
     def start(self) -> MessagePump:
@@ -73,6 +126,8 @@ class MessagePump:
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             logger.warning("Callback delivery did not finish within %s s; later messages are dropped.", timeout_s)
+        if self.dropped:
+            logger.warning("%d messages of this call were dropped: the message buffer was full.", self.dropped)
         if self._error is not None:
             raise self._error
 
@@ -81,29 +136,55 @@ class MessagePump:
 
         while True:
             stopping = self._stopping.is_set()
+            wait_s = 0.0 if stopping else _PULL_WAIT_S
             try:
-                batch = ray.get(self._sink.pull.remote(0.0 if stopping else _PULL_WAIT_S))
+                messages, dropped = ray.get(self._sink.pull.remote(wait_s), timeout=wait_s + 30)
             except Exception as error:  # the sink died with the executor: nothing more will arrive
                 logger.debug("Message sink unavailable: %s", error)
                 return
+            gaps = {
+                sender: last_and_count for (call, sender), last_and_count in dropped.items() if call == self._call_id
+            }
+            self._note_dropped(sum(count for _, count in gaps.values()))
             try:
-                for message in self._in_order(batch):
+                for message in self._in_order(messages, gaps):
                     for callback in self._callbacks:
                         callback(message)
             except BaseException as error:
                 self._error = error
                 return
-            if stopping and not batch:
+            if stopping and not messages and not gaps:
                 return
 
-    def _in_order(self, batch: list[Envelope]) -> list[dict[str, Any]]:
-        """The messages of this call that are next in their worker's sequence; holds the rest back."""
-        ready = []
+    def _note_dropped(self, count: int) -> None:
+        if not count:
+            return
+        if not self.dropped:
+            logger.warning(
+                "Workers send() messages faster than the callbacks take them and the message buffer is full: the "
+                "oldest messages are dropped (counted; the rest still arrive in order). Send less often or less, or "
+                "make the callbacks faster."
+            )
+        self.dropped += count
+
+    def _in_order(self, batch: list[Envelope], dropped: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+        """The messages of this call that are next in their worker's sequence; holds the rest back.
+
+        A sequence number the sink dropped is a gap to skip, not a message to wait for.
+        """
+        ready: list[dict[str, Any]] = []
         for call_id, sender, seq, message in batch:
-            if call_id == self._call_id:  # a message a worker sent late in an earlier call is dropped
+            # a message a worker sent late in an earlier call, or one behind a gap already skipped, is dropped
+            if call_id == self._call_id and seq >= self._next_seq.get(sender, 0):
                 self._held[(sender, seq)] = message
-        for sender in sorted({sender for sender, _ in self._held}):
+        skip_to = {sender: last for sender, (last, _) in dropped.items()}
+        for sender in sorted({sender for sender, _ in self._held} | set(skip_to)):
             seq = self._next_seq.get(sender, 0)
+            last_dropped = skip_to.get(sender, -1)
+            if last_dropped >= seq:  # deliver what survived below the gap, in order, then move past it
+                below = sorted(key for key in self._held if key[0] == sender and key[1] <= last_dropped)
+                ready.extend(self._held.pop(key) for key in below)
+                seq = last_dropped + 1
             while (sender, seq) in self._held:
                 ready.append(self._held.pop((sender, seq)))
                 seq += 1
