@@ -6,7 +6,7 @@ Importing this package does not import Ray; Ray is imported when a Ray discovery
 from elastrain.discovery._private.assignment import SlotInfo, assign_slots
 from elastrain.discovery._private.blacklist import Blacklist
 from elastrain.discovery._private.events import HostChange, HostEvent
-from elastrain.discovery._private.hosts import HostDiscovery, HostDiscoveryError, HostInfo
+from elastrain.discovery._private.hosts import HostDiscovery, HostDiscoveryClosedError, HostDiscoveryError, HostInfo
 from elastrain.discovery._private.manager import (
     AllHostsBlacklistedError,
     HostListener,
@@ -23,6 +23,7 @@ __all__ = [
     "HostDiscovery",
     "HostInfo",
     "HostDiscoveryError",
+    "HostDiscoveryClosedError",
     "RayHostDiscovery",
     "StaticHostDiscovery",
     "ScriptHostDiscovery",

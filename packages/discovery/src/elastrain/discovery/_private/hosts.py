@@ -48,3 +48,8 @@ class HostDiscovery(abc.ABC):
 
 class HostDiscoveryError(RuntimeError):
     """A discovery could not tell which hosts are available (a script failed, its output was malformed)."""
+
+
+class HostDiscoveryClosedError(HostDiscoveryError):
+    """A discovery can no longer answer, for good: what it watched is gone (``RayHostDiscovery`` after Ray was
+    shut down). A :class:`~elastrain.discovery.HostManager` whose discovery raises it stops polling quietly."""

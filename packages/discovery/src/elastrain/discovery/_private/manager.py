@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 
 from elastrain.discovery._private.blacklist import Blacklist
 from elastrain.discovery._private.events import HostEvent, diff_hosts
-from elastrain.discovery._private.hosts import HostDiscovery, HostInfo
+from elastrain.discovery._private.hosts import HostDiscovery, HostDiscoveryClosedError, HostInfo
 from elastrain.discovery._private.validation import check_positive
 
 logger = logging.getLogger("elastrain.discovery")
@@ -35,6 +37,10 @@ class HostManager:
     :attr:`generation`. Hosts keep the order in which they were first seen, so slot assignment stays stable
     while hosts come and go. A discovery that fails keeps the last known hosts; the error is logged once and
     kept in :attr:`last_error`.
+
+    The poll thread ends on its own, without a warning, when the discovery raises
+    :class:`~elastrain.discovery.HostDiscoveryClosedError` (``RayHostDiscovery`` once Ray is shut down) and when
+    the interpreter exits, so a job that never calls ``stop()`` leaves nothing behind.
     """
 
     def __init__(
@@ -69,11 +75,12 @@ class HostManager:
 
     def start(self) -> HostManager:
         """Poll once now, then keep polling in the background until :meth:`stop`."""
-        if self._thread is not None:
+        if self.running:
             return self
         self.refresh()
         self._stop.clear()
         self._thread = threading.Thread(target=self._poll_forever, name="elastrain-host-manager", daemon=True)
+        _stop_at_exit(self)
         self._thread.start()
         return self
 
@@ -81,9 +88,7 @@ class HostManager:
         thread, self._thread = self._thread, None
         if thread is None:
             return
-        self._stop.set()
-        with self._changed:
-            self._changed.notify_all()
+        self._halt()
         thread.join(timeout_s)
         if thread.is_alive():
             logger.warning("The host manager's poll thread did not stop within %s s (discovery hung?).", timeout_s)
@@ -98,7 +103,8 @@ class HostManager:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        """Whether the poll thread runs: after :meth:`start`, until :meth:`stop` or the discovery closed."""
+        return self._thread is not None and not self._stop.is_set()
 
     # -- state -----------------------------------------------------------------------------------------------
 
@@ -209,12 +215,23 @@ class HostManager:
             repeated = self._last_error is not None and str(self._last_error) == str(error)
             self._last_error = error
             self._changed.notify_all()
-        if not repeated:
+        if isinstance(error, HostDiscoveryClosedError) or self._stop.is_set():
+            logger.debug("Host discovery ended: %s", error)  # the job is over or ending: nothing to warn about
+        elif not repeated:
             logger.warning("Host discovery failed; keeping the last known hosts: %s", error)
 
     def _poll_forever(self) -> None:
         while not self._stop.wait(self.poll_interval_s):
             self.refresh()
+            if isinstance(self.last_error, HostDiscoveryClosedError):
+                self._halt()
+                return
+
+    def _halt(self) -> None:
+        """End polling and wake every waiter (who then sees that the manager stopped)."""
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
 
     # -- waiting ---------------------------------------------------------------------------------------------
 
@@ -285,3 +302,23 @@ class HostManager:
         if self._last_error is not None:
             text += f"; last discovery error: {self._last_error}"
         return text + "."
+
+
+# Managers whose poll thread may still run. At interpreter exit they are told to stop, before Ray's own exit
+# hook (registered earlier, so it runs later) shuts Ray down under a running poll.
+_running: weakref.WeakSet[HostManager] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+
+
+def _stop_at_exit(manager: HostManager) -> None:
+    with _exit_hook_lock:
+        if not _running:
+            atexit.unregister(_stop_all)
+            atexit.register(_stop_all)  # (again) after whatever registered since, e.g. Ray, so it runs first
+        _running.add(manager)
+
+
+def _stop_all() -> None:
+    """Does not wait for the threads: they are daemons, and a poll in progress must not delay the exit."""
+    for manager in list(_running):
+        manager._halt()

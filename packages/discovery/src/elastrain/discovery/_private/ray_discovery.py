@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from elastrain.discovery._private.hosts import HostDiscovery, HostDiscoveryError, HostInfo
+from elastrain.discovery._private.hosts import HostDiscovery, HostDiscoveryClosedError, HostDiscoveryError, HostInfo
 from elastrain.discovery._private.validation import check_positive
 
 # Ray keeps resource quantities in fixed point with four decimals; dividing in those units avoids float
@@ -32,6 +32,9 @@ class RayHostDiscovery(HostDiscovery):
 
     Slots count a node's *total* resources, not what is free right now: the workers this discovery plans
     for are themselves what will use them. Hosts are keyed by Ray node id.
+
+    Before Ray is initialized it raises :class:`HostDiscoveryError`; once it has seen the cluster and Ray is
+    shut down, :class:`HostDiscoveryClosedError`, on which a ``HostManager`` stops polling.
     """
 
     def __init__(self, use_gpu: bool = False, cpus_per_worker: float = 1, gpus_per_worker: float = 1) -> None:
@@ -45,6 +48,7 @@ class RayHostDiscovery(HostDiscovery):
         self.use_gpu = use_gpu
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus_per_worker
+        self._saw_ray = False
 
     def __repr__(self) -> str:
         return (
@@ -54,7 +58,7 @@ class RayHostDiscovery(HostDiscovery):
 
     def find_available_hosts(self) -> dict[str, HostInfo]:
         hosts: dict[str, HostInfo] = {}
-        for node in _alive_nodes():
+        for node in self._alive_nodes():
             resources: Mapping[str, float] = node.get("Resources") or {}
             slots = slots_for_resources(
                 resources,
@@ -76,13 +80,20 @@ class RayHostDiscovery(HostDiscovery):
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         return {host_id: host.slots for host_id, host in self.find_available_hosts().items()}
 
+    def _alive_nodes(self) -> list[dict[str, Any]]:
+        import ray  # imported here so that importing elastrain.discovery stays cheap
 
-def _alive_nodes() -> list[dict[str, Any]]:
-    import ray  # imported here so that importing elastrain.discovery stays cheap
-
-    if not ray.is_initialized():
-        raise HostDiscoveryError(
-            "RayHostDiscovery needs a Ray connection: call ray.init() (or ray.init(address=...)) first."
-        )
-    nodes: list[dict[str, Any]] = ray.nodes()
-    return [node for node in nodes if node.get("Alive")]
+        if not ray.is_initialized():
+            if self._saw_ray:
+                raise HostDiscoveryClosedError("Ray was shut down: RayHostDiscovery has no cluster to watch any more.")
+            raise HostDiscoveryError(
+                "RayHostDiscovery needs a Ray connection: call ray.init() (or ray.init(address=...)) first."
+            )
+        try:
+            nodes: list[dict[str, Any]] = ray.nodes()
+        except Exception as error:
+            if self._saw_ray and not ray.is_initialized():  # shut down while this poll ran
+                raise HostDiscoveryClosedError("Ray was shut down while RayHostDiscovery polled it.") from error
+            raise
+        self._saw_ray = True
+        return [node for node in nodes if node.get("Alive")]
