@@ -11,6 +11,12 @@ elastic, in the same run. elastrain's discovery and Ray Train V2's resize monito
   timeout) with elastrain's ``replacement.py`` (the same model, step time and commit every step): crash → the
   survivors' next step, and replacement started → its first step in sync; and whether DDP ever crashed a
   survivor (torchft's DDP wrapper, elastrain's ``elastic.DistributedDataParallel``).
+- frozen worker (``freeze.py``): a worker SIGSTOPs itself at step 30 (it neither exits nor closes its
+  sockets, like a lost node); time from the freeze to the first step begun after it on the others. elastrain
+  evicts it after ``liveness_timeout_s`` (default 8 s; also run at 5 s); torchft 0.2.0 (``torchft_baseline``,
+  the same 3-replica job) waits out its process-group timeout, 5 s and its default 60 s; Ray Train V2 (default
+  settings) blocks until its 600 s worker health check, so it is bounded at 90 s. Runs that get no step within
+  their bound SIGKILL the frozen process and report the bound.
 - sync at a reset (``sync_at_reset.py``): ``TorchState`` bringing a 100M-parameter model with Adam state to a
   newcomer and to a survivor, against ``torch.distributed.broadcast`` of the same tensors, with peak memory.
 
@@ -335,6 +341,53 @@ def torchft_recovery() -> dict[str, Any]:
     }
 
 
+# Frozen worker: bounds on the wait for the survivors, after which the frozen process is SIGKILLed.
+FREEZE_BOUND_S = 30.0
+SLOW_FREEZE_BOUND_S = 90.0  # torchft's 60 s default timeout; Ray Train V2's 600 s health check
+
+
+def elastrain_freeze() -> dict[str, Any]:
+    import freeze
+
+    return freeze.measure_elastrain(liveness_timeout_s=None, bound_s=FREEZE_BOUND_S)
+
+
+def elastrain_freeze_5s() -> dict[str, Any]:
+    import freeze
+
+    return freeze.measure_elastrain(liveness_timeout_s=5.0, bound_s=FREEZE_BOUND_S)
+
+
+def _torchft_freeze(repeats: int, pg_timeout_s: float | None, bound_s: float) -> dict[str, Any]:
+    import torchft_baseline
+
+    result = torchft_baseline.measure_torchft_freeze(repeats, pg_timeout_s=pg_timeout_s, bound_s=bound_s)
+    if "skipped" in result:
+        return {"skipped": result["skipped"]}
+    rounds = result["freeze_to_next_commit_s"]
+    return {
+        # Rounds with no commit within the bound count as the bound (a lower bound) in the median.
+        "recovery_s": statistics.median(rounds.get("values", []) + [bound_s] * rounds["unrecovered"]),
+        "unrecovered_rounds": rounds["unrecovered"],
+        "per_survivor_s": rounds["per_survivor"],
+        "bound_s": bound_s,
+    }
+
+
+def torchft_freeze() -> dict[str, Any]:
+    return _torchft_freeze(REPEATS, 5.0, FREEZE_BOUND_S)
+
+
+def torchft_freeze_default() -> dict[str, Any]:
+    return _torchft_freeze(1, None, SLOW_FREEZE_BOUND_S)
+
+
+def ray_train_freeze() -> dict[str, Any]:
+    import freeze
+
+    return freeze.measure_ray_train(health_check_timeout_s=None, bound_s=SLOW_FREEZE_BOUND_S)
+
+
 def elastrain_sync() -> dict[str, Any]:
     import sync_at_reset
 
@@ -353,9 +406,16 @@ SCENARIOS = {
     "elastrain_replacement_ddp": elastrain_replacement_ddp,
     # torchft repeats inside one job (one lighthouse), elastrain's sync inside one Ray job: one child each.
     "torchft_recovery": torchft_recovery,
+    "elastrain_freeze": elastrain_freeze,
+    "elastrain_freeze_5s": elastrain_freeze_5s,
+    # torchft repeats its 5 s freeze inside one job; its 60 s default and Ray Train's bound run once.
+    "torchft_freeze": torchft_freeze,
+    "torchft_freeze_default": torchft_freeze_default,
+    "ray_train_freeze": ray_train_freeze,
     "elastrain_sync": elastrain_sync,
 }
-RUN_ONCE = {"horovod_crash", "torchft_recovery", "elastrain_sync"}
+RUN_ONCE = {"horovod_crash", "torchft_recovery", "elastrain_sync", "torchft_freeze", "torchft_freeze_default",
+            "ray_train_freeze"}  # fmt: skip
 
 
 def torchft_rows(results: dict[str, Any]) -> list[Row]:
@@ -378,6 +438,37 @@ def torchft_rows(results: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _bounded(label: str, result: dict[str, Any], recovered: bool) -> str:
+    return label if recovered else f"{label}: no step within {result['bound_s']:g} s (lower bound)"
+
+
+def freeze_rows(results: dict[str, Any]) -> list[Row]:
+    ours, ours_5s = results.get("elastrain_freeze"), results.get("elastrain_freeze_5s")
+    tf_5s, tf_default = results.get("torchft_freeze"), results.get("torchft_freeze_default")
+    ray_train = results.get("ray_train_freeze")
+    case = "frozen worker (SIGSTOP), CPU/gloo"
+    rows = []
+    if ours and tf_default and "recovery_s" in tf_default:
+        label = _bounded("torchft 0.2.0, default 60 s timeouts", tf_default, not tf_default["unrecovered_rounds"])
+        rows.append(
+            Row(case, "freeze → survivors' next step, default settings (liveness 8 s)", ours["recovery_s"],
+                label, tf_default["recovery_s"], None, target_s=10.0)
+        )  # fmt: skip
+    if ours_5s and tf_5s and "recovery_s" in tf_5s:
+        label = _bounded("torchft 0.2.0, 5 s process-group timeout", tf_5s, not tf_5s["unrecovered_rounds"])
+        rows.append(
+            Row(case, "freeze → survivors' next step, liveness_timeout_s=5", ours_5s["recovery_s"], label,
+                tf_5s["recovery_s"], 1.0)
+        )  # fmt: skip
+    if ours and ray_train:
+        label = _bounded("Ray Train V2 default (600 s health check)", ray_train, ray_train["recovered"] is True)
+        rows.append(
+            Row(case, "freeze → next step, default settings", ours["recovery_s"], label, ray_train["recovery_s"],
+                None)
+        )  # fmt: skip
+    return rows
+
+
 def sync_rows(results: dict[str, Any]) -> list[Row]:
     sync = results.get("elastrain_sync")
     if not sync:
@@ -396,8 +487,13 @@ def measure_in_child(name: str, repeats: int) -> dict[str, Any] | None:
     runs = [run for run in (_one_child_run(name) for _ in range(repeats)) if run is not None]
     if not runs:
         return None
-    numeric = [key for key, value in runs[0].items() if _numeric(value)]
-    merged: dict[str, Any] = {key: value for key, value in runs[0].items() if key not in numeric}
+    keys = list(dict.fromkeys(key for run in runs for key in run))
+    numeric = [key for key in keys if all(_numeric(run.get(key)) for run in runs)]
+    merged: dict[str, Any] = {}
+    for key in keys:
+        if key not in numeric:  # one value where every run agrees, else each run's
+            values = [run.get(key) for run in runs]
+            merged[key] = values[0] if all(value == values[0] for value in values) else values
     merged.update({key: statistics.median(run[key] for run in runs) for key in numeric})
     merged["samples"] = {key: [round(run[key], 3) for run in runs] for key in numeric}
     return merged
@@ -460,6 +556,7 @@ def main() -> None:
             case = "Cluster, node added" if scenario == "node_added" else "Cluster, hard node loss"
             rows.append(Row(case, metric, ours["recovery_s"], "Ray Train V2 elastic", theirs["recovery_s"], target))
     rows += torchft_rows(results)
+    rows += freeze_rows(results)
     rows += sync_rows(results)
     notes = {
         "failed_scenarios": [name for name, value in results.items() if value is None],
@@ -472,6 +569,24 @@ def main() -> None:
             key: round(value, 2)
             for key, value in (results.get("elastrain_sync") or {}).items()
             if key.startswith("peak_rss_ratio")
+        },
+        "frozen_worker": {
+            "elastrain_recovered": {
+                name: (results.get(name) or {}).get("recovered") for name in ("elastrain_freeze", "elastrain_freeze_5s")
+            },
+            "elastrain_back_to_full_s": {
+                name: (results.get(name) or {}).get("back_to_full_s")
+                for name in ("elastrain_freeze", "elastrain_freeze_5s")
+            },
+            "torchft_per_survivor_s": {
+                name: (results.get(name) or {}).get("per_survivor_s")
+                for name in ("torchft_freeze", "torchft_freeze_default")
+            },
+            "ray_train": {
+                key: value
+                for key, value in (results.get("ray_train_freeze") or {}).items()
+                if key in ("recovered", "next_step_by", "survivor_steps_before_bound", "fit", "v2_enabled")
+            },
         },
         "monitor_interval_s": MONITOR_INTERVAL_S,
         "repeats": repeats,

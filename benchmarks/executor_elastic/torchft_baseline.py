@@ -82,7 +82,7 @@ def _lighthouse_main() -> None:
         server.shutdown()
 
 
-def _replica_main(index: int, lighthouse: str, use_ddp: bool) -> None:
+def _replica_main(index: int, lighthouse: str, use_ddp: bool, pg_timeout_s: float | None) -> None:
     from datetime import timedelta
 
     import torch
@@ -102,8 +102,10 @@ def _replica_main(index: int, lighthouse: str, use_ddp: bool) -> None:
         model.load_state_dict(state["model"])
         sgd.load_state_dict(state["optim"])
 
+    # None: torchft's own default (ProcessGroupGloo's 60 s in 0.2.0), constructed without the argument.
+    pg = ProcessGroupGloo() if pg_timeout_s is None else ProcessGroupGloo(timeout=timedelta(seconds=pg_timeout_s))
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=PG_TIMEOUT_S)),
+        pg=pg,
         load_state_dict=load_state,
         state_dict=lambda: {"model": model.state_dict(), "optim": sgd.state_dict()},
         min_replica_size=MIN_REPLICAS,
@@ -190,6 +192,7 @@ class _Job:
     workdir: Path
     use_ddp: bool
     timeout_s: float
+    pg_timeout_s: float | None = PG_TIMEOUT_S  # None: torchft's default
     lighthouse: str = ""
     current: dict[int, _Process] = field(default_factory=dict)
     everything: list[_Process] = field(default_factory=list)
@@ -217,7 +220,8 @@ class _Job:
             self.launch(index)
 
     def launch(self, index: int) -> _Process:
-        args = ["--replica", str(index), self.lighthouse, "ddp" if self.use_ddp else "allreduce"]
+        pg_timeout = "default" if self.pg_timeout_s is None else str(self.pg_timeout_s)
+        args = ["--replica", str(index), self.lighthouse, "ddp" if self.use_ddp else "allreduce", pg_timeout]
         self.current[index] = self._spawn(f"replica{index}", args)
         return self.current[index]
 
@@ -228,6 +232,18 @@ class _Job:
         process.popen.send_signal(signal.SIGKILL)
         process.popen.wait(self.timeout_s)
         return killed_at
+
+    def freeze(self, index: int) -> tuple[_Process, float]:
+        """SIGSTOP a replica: it neither exits nor answers (no FIN on its sockets, no lighthouse heartbeats)."""
+        process = self.current.pop(index)
+        frozen_at = time.time()
+        process.popen.send_signal(signal.SIGSTOP)
+        return process, frozen_at
+
+    def kill_frozen(self, process: _Process) -> None:
+        process.killed = True
+        process.popen.send_signal(signal.SIGKILL)  # a stopped process still dies of SIGKILL
+        process.popen.wait(self.timeout_s)
 
     def crashed(self) -> list[_Process]:
         """Processes that exited without our killing them."""
@@ -262,6 +278,7 @@ class _Job:
         for process in self.everything:
             if process.popen.poll() is None:
                 process.popen.terminate()
+                process.popen.send_signal(signal.SIGCONT)  # a frozen one acts on SIGTERM only once resumed
         for process in self.everything:
             try:
                 process.popen.wait(5)
@@ -419,11 +436,88 @@ def measure_torchft(repeats: int = 3, timeout_s: float = 120.0, with_ddp_check: 
     return result
 
 
+def _freeze_rounds(job: _Job, repeats: int, bound_s: float) -> dict[str, Any]:
+    """Freeze (SIGSTOP) a replica ``repeats`` times; each time, wait at most ``bound_s`` for the survivors.
+
+    After each round the frozen replica is SIGKILLed and relaunched (as a supervisor would once it noticed),
+    and the job gets steady again before the next freeze.
+    """
+    recovery: list[float] = []
+    per_survivor: list[list[float]] = []
+    unrecovered = 0
+    job.start()
+    last_event = 0.0
+    for repeat in range(repeats):
+        job.wait_for(partial(job.ready_to_kill, last_event), f"every replica to commit {STEADY_COMMITS} steps")
+        victim = repeat % REPLICAS
+        survivors = [job.current[i] for i in sorted(job.current) if i != victim]
+        frozen, frozen_at = job.freeze(victim)
+        try:
+            recovered = job.watch(partial(_all_committed_after, survivors, frozen_at), bound_s)
+            if not recovered and job.crashed():
+                job.wait_for(lambda: False, "the survivors' next commit")  # raises with the crashed one's error
+        finally:
+            job.kill_frozen(frozen)
+        last_event = time.time()
+        if recovered:
+            times = [c.at - frozen_at for p in survivors if (c := p.first_commit_begun_after(frozen_at))]
+            per_survivor.append([round(t, 3) for t in times])
+            recovery.append(max(times))
+        else:
+            unrecovered += 1
+            per_survivor.append([])
+        job.wait_for(job.launch(victim).has_committed, "the relaunched replica's first commit")
+    result: dict[str, Any] = {"per_survivor": per_survivor, "unrecovered": unrecovered, "bound_s": bound_s}
+    if recovery:
+        result.update(_median(recovery))
+    return {"freeze_to_next_commit_s": result, "frozen_replicas": [r % REPLICAS for r in range(repeats)]}
+
+
+def measure_torchft_freeze(
+    repeats: int = 3, pg_timeout_s: float | None = PG_TIMEOUT_S, bound_s: float = 30.0, timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """Freeze → survivors' next commit: once steady, one replica is SIGSTOPped instead of killed.
+
+    The survivors' allreduce with the frozen replica can only end at the process group's timeout
+    (``pg_timeout_s``; None: torchft's default, 60 s in 0.2.0), and the lighthouse drops the frozen replica
+    once its heartbeats stop for 5 s. Measured like a crash: from the freeze to the first commit of a step
+    begun after it, max over the survivors; a round with no such commit within ``bound_s`` counts as
+    unrecovered (``> bound_s``). Every process started here is SIGKILLed or stopped before it returns.
+    """
+    if importlib.util.find_spec("torchft") is None:
+        return {"skipped": INSTALL_HINT}
+    result: dict[str, Any] = {"torchft_version": importlib.metadata.version("torchft")}
+    with tempfile.TemporaryDirectory(prefix="torchft-freeze-") as tmp:
+        job = _Job(Path(tmp), use_ddp=False, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)
+        started = time.monotonic()
+        try:
+            result.update(_freeze_rounds(job, repeats, bound_s))
+        finally:
+            job.stop()
+        result["freeze_rounds_s"] = round(time.monotonic() - started, 1)
+    result["settings"] = {
+        "replica_groups": REPLICAS,
+        "lighthouse": {"min_replicas": MIN_REPLICAS, "join_timeout_ms": JOIN_TIMEOUT_MS, "heartbeat": "defaults"},
+        "pg_timeout_s": "torchft default (60 s)" if pg_timeout_s is None else pg_timeout_s,
+        "manager_timeout_s": "torchft default (60 s)",
+        "step_sleep_s": STEP_S,
+        "repeats": repeats,
+        "freeze_to_next_commit": "max over the survivors, of the first commit of a step begun after the SIGSTOP",
+    }
+    return result
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--lighthouse"]:
         _lighthouse_main()
     elif sys.argv[1:2] == ["--replica"]:
-        _replica_main(int(sys.argv[2]), sys.argv[3], sys.argv[4] == "ddp")
+        pg_timeout = None if sys.argv[5] == "default" else float(sys.argv[5])
+        _replica_main(int(sys.argv[2]), sys.argv[3], sys.argv[4] == "ddp", pg_timeout)
+    elif sys.argv[1:2] == ["--freeze"]:
+        # --freeze [PG_TIMEOUT_S|default] [REPEATS]
+        pg_timeout = PG_TIMEOUT_S if len(sys.argv) < 3 else None if sys.argv[2] == "default" else float(sys.argv[2])
+        repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+        print(json.dumps(measure_torchft_freeze(repeats, pg_timeout_s=pg_timeout), indent=2), flush=True)
     else:
         print(json.dumps(measure_torchft(), indent=2), flush=True)
 
