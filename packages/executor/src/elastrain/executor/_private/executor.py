@@ -150,6 +150,7 @@ class RayExecutor:
         except BaseException:
             self.shutdown()
             raise
+        self._message_sink()  # started now, without waiting: off the workers' start-up, ready for callbacks
 
     def _start(
         self,
@@ -177,7 +178,6 @@ class RayExecutor:
             self._placement_group = reserve(plan, self.settings.placement_group_timeout_s)
             self._own_placement_group = True
 
-        self._sink = ray.remote(MessageSink).options(**control_actor_options()).remote()
         worker_class = ray.remote(Worker)
         actors = [
             worker_class.options(
@@ -302,7 +302,9 @@ class RayExecutor:
             return self._elastic.run(fn, args or (), kwargs or {}, checked, self._last_run_id)
         calls = self._require_started()
         payload = _put((fn, tuple(args or ()), dict(kwargs or {})))
-        return self._call_all(calls, lambda actor, call_id: actor.run.remote(payload, call_id), callbacks, run_name(fn))
+        return self._call_all(
+            calls, lambda actor, call_id, sink: actor.run.remote(payload, call_id, sink), callbacks, run_name(fn)
+        )
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Sequence[Callback] | None = None) -> list[Any]:
         """Run ``fn(executable)`` on every worker, with the instance built from ``executable_cls``."""
@@ -310,7 +312,7 @@ class RayExecutor:
         calls = self._require_started()
         payload = _put(fn)
         return self._call_all(
-            calls, lambda actor, call_id: actor.execute.remote(payload, call_id), callbacks, run_name(fn)
+            calls, lambda actor, call_id, sink: actor.execute.remote(payload, call_id, sink), callbacks, run_name(fn)
         )
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
@@ -329,18 +331,24 @@ class RayExecutor:
         return [actor.run.remote(payload, 0) for actor in calls.actors]
 
     def _call_all(
-        self, calls: WorkerCalls, submit: Callable[[Any, int], Any], callbacks: Sequence[Callback] | None, name: str
+        self,
+        calls: WorkerCalls,
+        submit: Callable[[Any, int, Any], Any],
+        callbacks: Sequence[Callback] | None,
+        name: str,
     ) -> list[Any]:
         callbacks = _check_callbacks(callbacks)
         call_id = 0
+        sink = None  # the workers get the message actor with every call whose callbacks want messages
         if callbacks:
             self._calls_with_callbacks += 1
             call_id = self._calls_with_callbacks
+            sink = self._message_sink()
         self._last_run_id = uuid.uuid4().hex
         watch = RunWatch.start(lambda: self._run_record(calls, name), self._last_run_id)
         try:
             with delivering(self._sink, callbacks, call_id, _CALLBACK_DRAIN_S):
-                results = calls.gather([submit(actor, call_id) for actor in calls.actors])
+                results = calls.gather([submit(actor, call_id, sink) for actor in calls.actors])
         except BaseException as error:
             watch.failed(str(error))
             raise
@@ -353,7 +361,17 @@ class RayExecutor:
             worker_record(actor, p.slot.rank, p.slot.local_rank, p.node_rank, p.node)
             for actor, p in zip(calls.actors, self._placements, strict=True)
         ]
-        return run_record(name, self._sink, workers, len(workers))
+        return run_record(name, self._message_sink(), workers, len(workers))
+
+    def _message_sink(self) -> Any:
+        """The message actor. ``start()`` asks for it once the workers are up, so its process never competes
+        with theirs (on a small machine that made start-up ~0.3 s slower) and nobody waits for it; the workers
+        get it with each call whose callbacks want messages. Run observers take it as the executor's lifetime."""
+        if self._sink is None:
+            import ray
+
+            self._sink = ray.remote(MessageSink).options(**control_actor_options()).remote()
+        return self._sink
 
     def _not_in_elastic_mode(self, method: str) -> None:
         if self.options.elastic:

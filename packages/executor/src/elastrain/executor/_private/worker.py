@@ -109,25 +109,28 @@ class Worker:
         if executable_cls is not None:
             self._executable = executable_cls(*executable_args, **executable_kwargs)
 
-    def run(self, call: bytes, call_id: int) -> Any:
+    def run(self, call: bytes, call_id: int, sink: Any = None) -> Any:
+        """``sink``: the message actor, passed with every call whose callbacks want messages."""
         fn, args, kwargs = _unpack(call)
-        self._begin(call_id)
+        self._begin(call_id, sink)
         try:
             return fn(*args, **kwargs)
         finally:
             self._flush_messages()
 
-    def execute(self, call: bytes | Callable[[Any], Any], call_id: int) -> Any:
+    def execute(self, call: bytes | Callable[[Any], Any], call_id: int, sink: Any = None) -> Any:
         fn = _unpack(call) if isinstance(call, bytes) else call
-        self._begin(call_id)
+        self._begin(call_id, sink)
         try:
             return fn(self._executable)
         finally:
             self._flush_messages()
 
-    def _begin(self, call_id: int) -> None:
+    def _begin(self, call_id: int, sink: Any = None) -> None:
         """``call_id`` > 0 identifies a call whose callbacks want this worker's messages; 0 drops them."""
         self._call_id, self._sequence = call_id, 0
+        if sink is not None:
+            self._sink = sink
 
     def _send(self, message: dict[str, Any]) -> None:
         context = _WorkerState.context
