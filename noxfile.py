@@ -282,6 +282,41 @@ def tests_horovod(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 @discards_venv_in_ci
+def tests_gpu(session: nox.Session) -> None:
+    """Elastic kill and freeze scenarios on nccl with real CUDA devices; skips, saying why, where there are none.
+
+    The result goes to benchmarks/results/tests-gpu.txt (the machine's devices, then pytest's summary).
+    """
+    install_packages(session, "executor", extras={"executor": ("torch",)})
+    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS)
+    session.chdir(ROOT / "packages" / "executor")
+    report = ROOT / "benchmarks" / "results" / "tests-gpu.txt"
+    devices = session.run(
+        "python",
+        "-c",
+        "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.device_count())",
+        silent=True,
+    )
+    output = session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests_gpu",
+        "-rA",
+        "-s",
+        *session.posargs,
+        env=RAY_ENV,
+        silent=True,
+        success_codes=[0, 1, 5],
+    )
+    report.write_text(f"torch, CUDA, devices: {str(devices).strip()}\n\n{output}")
+    session.log(str(output))
+    if "failed" in str(output).splitlines()[-1]:
+        session.error(f"GPU tests failed; see {report}")
+
+
+@nox.session(python=PYTHON)
+@discards_venv_in_ci
 def lint(session: nox.Session) -> None:
     """ruff (one config for the repository) and the repository's own layout checks."""
     session.install(*CONSTRAINTS, "ruff")

@@ -27,7 +27,6 @@ nor Ray.
 from typing import TYPE_CHECKING, Any
 
 from elastrain.executor._private.elastic.collectives import broadcast_object, broadcast_tensors
-from elastrain.executor._private.elastic.driver import ElasticJobError
 from elastrain.executor._private.elastic.handlers import (
     ModuleHandler,
     OptimizerHandler,
@@ -38,6 +37,7 @@ from elastrain.executor._private.elastic.handlers import (
     get_handler_registry,
     set_handler_registry,
 )
+from elastrain.executor._private.elastic.policy import ElasticJobError
 from elastrain.executor._private.elastic.runtime import (
     HostsUpdatedInterrupt,
     InternalError,

@@ -10,6 +10,9 @@ from typing import Any
 
 from elastrain.executor._private.validation import check_positive
 
+# Below this, a heartbeat delayed by a loaded machine (a few beats late) would read as a frozen worker.
+_MIN_LIVENESS_TIMEOUT_S = 1.0
+
 
 @dataclass
 class ExecutorSettings:
@@ -21,8 +24,13 @@ class ExecutorSettings:
     choose.
 
     Elastic jobs: ``discovery`` is the ``HostDiscovery`` used with ``override_discovery=False`` (settable
-    afterwards, as with Horovod's ``settings.discovery = ...``), polled every ``discovery_interval_s``;
-    ``collective_timeout_s`` bounds a collective that waits on a silent peer. ``spare_worker``: with Ray's own
+    afterwards, as with Horovod's ``settings.discovery = ...``), polled every ``discovery_interval_s``.
+    ``liveness_timeout_s``: a worker whose heartbeat (a thread in its process, independent of the training
+    code and of collectives) has been silent this long is evicted: killed, which fails its peers' collectives at
+    once, and replaced. ``collective_timeout_s`` bounds a collective whose peer is alive but stuck (a hung data
+    loader or NCCL call); set it above the longest phase in which some workers wait in a collective for
+    others (a rank-0-only evaluation or checkpoint). Members of a group formed after a failure that have not
+    arrived within it are evicted too. ``spare_worker``: with Ray's own
     discovery and ``max_workers`` set, while the job is below ``max_workers`` and every known slot is taken, keep
     one worker request pending for Ray to place on the next node with room (a node that joins then gets a
     worker before discovery's next poll; like Ray Train's elastic mode, the pending request also tells an
@@ -40,8 +48,9 @@ class ExecutorSettings:
     verbose: int = 1
     discovery: Any = None
     discovery_interval_s: float = 1.0
-    collective_timeout_s: float = 60.0
+    collective_timeout_s: float = 600.0
     spare_worker: bool = True
+    liveness_timeout_s: float = 8.0
 
 
 def create_settings(
@@ -53,8 +62,9 @@ def create_settings(
     verbose: int = 1,
     discovery: Any = None,
     discovery_interval_s: float = 1.0,
-    collective_timeout_s: float = 60.0,
+    collective_timeout_s: float = 600.0,
     spare_worker: bool = True,
+    liveness_timeout_s: float = 8.0,
     **unknown: object,
 ) -> ExecutorSettings:
     if unknown:
@@ -63,6 +73,12 @@ def create_settings(
     check_positive("placement_group_timeout_s", placement_group_timeout_s)
     check_positive("discovery_interval_s", discovery_interval_s)
     check_positive("collective_timeout_s", collective_timeout_s)
+    check_positive("liveness_timeout_s", liveness_timeout_s)
+    if liveness_timeout_s < _MIN_LIVENESS_TIMEOUT_S:
+        raise ValueError(
+            f"liveness_timeout_s={liveness_timeout_s} is too short to tell a busy worker from a frozen one; "
+            f"use at least {_MIN_LIVENESS_TIMEOUT_S:g} s."
+        )
     if not isinstance(spare_worker, bool):
         raise ValueError(f"spare_worker must be True or False, got {spare_worker!r}.")
     if isinstance(nics, str):
@@ -81,6 +97,7 @@ def create_settings(
         discovery_interval_s=discovery_interval_s,
         collective_timeout_s=collective_timeout_s,
         spare_worker=spare_worker,
+        liveness_timeout_s=liveness_timeout_s,
     )
 
 

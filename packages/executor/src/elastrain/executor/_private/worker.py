@@ -76,9 +76,10 @@ class Worker:
         self._sender_id = worker_id
         job = runtime.Runtime(coordinator, worker_id, options)
         runtime.install(job)
-        fn, args, kwargs = _unpack(call)
         self._begin(call_id)
         try:
+            job.start()
+            fn, args, kwargs = _unpack(call)
             value = fn(*args, **kwargs)
             member = job.member
             return (job.generation, member.slot.rank if member else 0, value)

@@ -1,32 +1,59 @@
-"""The rendezvous actor of an elastic job: the driver publishes worlds, workers join them.
+"""The rendezvous actor of an elastic job: the driver publishes worlds, workers join them and beat.
 
-Workers cannot call the driver process, so this small async actor (zero CPU) sits between them. Every wait in
-it is bounded by the caller's timeout.
+Workers cannot call the driver process, so this small async actor (zero CPU) sits between them. Every wait in it
+is one short chunk, bounded by the caller; a caller waits chunk after chunk only while the driver keeps polling
+(its lease), so a worker never waits on a driver that stopped answering for longer than that lease.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from dataclasses import dataclass, field
 
 from elastrain.executor._private.elastic.world import World
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    """What a worker's wait chunk found. ``value`` is None while the wait goes on."""
+
+    value: object
+    driver_silent_s: float  # seconds since the driver last polled: the worker's lease check
+
+
+@dataclass(frozen=True)
+class CoordinatorReport:
+    """What the driver learns at each poll."""
+
+    failures: list[tuple[str, int, str]] = field(default_factory=list)  # (worker, generation, reason)
+    silent: dict[str, float] = field(default_factory=dict)  # worker id → seconds since its last beat
+    # The current world while some of its members have not arrived: (generation, seconds since published,
+    # the members still missing).
+    missing: tuple[int, float, tuple[str, ...]] | None = None
 
 
 class Coordinator:
     def __init__(self) -> None:
         self._world: World | None = None
+        self._published_at = 0.0
         self._stores: dict[int, tuple[str, int]] = {}
         self._arrived: dict[int, set[str]] = {}
         self._complete: set[int] = set()  # generations whose members all arrived
         self._members_so_far: set[str] = set()  # every worker that has been in a published world
         self._changed = asyncio.Condition()
         self._failures: list[tuple[str, int, str]] = []
+        self._beats: dict[str, float] = {}  # worker id → when it last beat (this process's monotonic clock)
+        self._driver_seen = time.monotonic()
 
     # -- driver side -----------------------------------------------------------------------------------------
 
     async def publish(self, world: World) -> None:
         async with self._changed:
             self._world = world
+            self._published_at = time.monotonic()
+            self._driver_seen = self._published_at
             self._members_so_far.update(m.worker_id for m in world.members)
             for generation in [g for g in self._stores if g < world.generation]:
                 del self._stores[generation]
@@ -35,18 +62,37 @@ class Coordinator:
             self._complete = {g for g in self._complete if g >= world.generation - 1}
             self._changed.notify_all()
 
-    async def take_failures(self) -> list[tuple[str, int, str]]:
+    async def poll(self, liveness_timeout_s: float) -> CoordinatorReport:
+        """Failures reported since the last poll, workers silent for longer than ``liveness_timeout_s``, and who
+        has not arrived in the current world. Each poll also renews the driver's lease."""
+        now = time.monotonic()
+        self._driver_seen = now
         failures, self._failures = self._failures, []
-        return failures
+        silent = {w: now - t for w, t in self._beats.items() if now - t > liveness_timeout_s}
+        missing = None
+        world = self._world
+        if world is not None and world.generation not in self._complete:
+            arrived = self._arrived.get(world.generation, set())
+            absent = tuple(m.worker_id for m in world.members if m.worker_id not in arrived)
+            missing = (world.generation, now - self._published_at, absent)
+        return CoordinatorReport(failures, silent, missing)
+
+    async def forget(self, worker_ids: list[str]) -> None:
+        """Stop watching workers that are gone (their beats would otherwise read as silence)."""
+        for worker_id in worker_ids:
+            self._beats.pop(worker_id, None)
 
     # -- worker side -----------------------------------------------------------------------------------------
 
-    async def join(self, worker_id: str, after_generation: int, timeout_s: float) -> World | None:
+    async def beat(self, worker_id: str) -> None:
+        self._beats[worker_id] = time.monotonic()
+
+    async def join(self, worker_id: str, after_generation: int, timeout_s: float) -> WaitResult:
         """The first world newer than ``after_generation`` that concerns the worker: its next group.
 
         A worker that was in an earlier world gets the next world even when it is not in it, so it learns it
         was dropped. A new worker waits for a world that includes it (the driver adds it once it is ready).
-        ``None`` when no such world appears within ``timeout_s``.
+        ``value`` is None when no such world appears within ``timeout_s``.
         """
 
         def ready() -> bool:
@@ -56,18 +102,18 @@ class Coordinator:
             return world.member(worker_id) is not None or worker_id in self._members_so_far
 
         async with self._changed:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
-            except TimeoutError:
-                return None
-            return self._world
+            return WaitResult(self._world if ready() else None, self._driver_silent())
 
-    async def arrive(self, generation: int, worker_id: str, timeout_s: float) -> bool:
-        """Wait until every member of world ``generation`` arrived: True. False when that world was replaced by a
-        newer one (a member died or more workers came) or the wait timed out: the caller joins the next world.
+    async def arrive(self, generation: int, worker_id: str, timeout_s: float) -> WaitResult:
+        """Wait until every member of world ``generation`` arrived: ``value`` True. False when that world was
+        replaced by a newer one (a member died or more workers came): the caller joins the next world. None
+        when neither happened within ``timeout_s``: the caller waits again (it stays counted as arrived).
 
         Forming a torch process group blocks until all ranks connect; this barrier makes sure they all come
-        before anyone blocks there, so a worker never waits for peers who went on to a newer world.
+        before anyone blocks there, so a worker never waits for peers who went on to a newer world. Survivors
+        arrive at their next commit, which may be far off; how long a member may stay away is the driver's call.
         """
         async with self._changed:
             arrived = self._arrived.setdefault(generation, set())
@@ -84,9 +130,11 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(settled), timeout_s)
             if generation in self._complete:
-                return True
-            arrived.discard(worker_id)  # gone from this generation: it must not count as present
-            return False
+                return WaitResult(True, self._driver_silent())
+            if settled():
+                arrived.discard(worker_id)  # gone from this generation: it must not count as present
+                return WaitResult(False, self._driver_silent())
+            return WaitResult(None, self._driver_silent())
 
     async def newer_world(self, generation: int) -> tuple[str, ...] | None:
         """The member ids of the published world when it is newer than ``generation``; None when it is not."""
@@ -113,3 +161,6 @@ class Coordinator:
         """A worker saw its group fail. A peer's death also reaches the driver through Ray; a failure without
         one (a formation that timed out, a collective that hung) reaches it only through this."""
         self._failures.append((worker_id, generation, reason))
+
+    def _driver_silent(self) -> float:
+        return time.monotonic() - self._driver_seen

@@ -1,15 +1,15 @@
 """The driver of an elastic job: keeps workers on the hosts discovery reports, forms worlds, never restarts
 survivors.
 
-Workers that crash are replaced; survivors roll back to their last commit and go on in a smaller world at
-once, and replacements or workers on new hosts join at the survivors' next commit, once they are up (a new
-actor costs seconds; the survivors don't wait for it).
+Workers that crash or stop answering are replaced; survivors roll back to their last commit and go on in a
+smaller world at once, and replacements or workers on new hosts join at the survivors' next commit, once they
+are up (a new actor costs seconds; the survivors don't wait for it). Workers on a host that discovery drops
+leave at the next commit, and nobody rolls back. The workers themselves live in ``pool.py``; when one counts as
+failed, and when the job gives up, is ``policy.py``'s call.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
 import queue
 import threading
@@ -17,43 +17,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastrain.discovery import HostChange, HostEvent, HostManager, HostManagerStoppedError
-from elastrain.executor._private.elastic.runtime import ElasticOptions
+from elastrain.discovery import AllHostsBlacklistedError, HostChange, HostEvent, HostManager, HostManagerStoppedError
+from elastrain.executor._private.elastic.group import ElasticOptions
+from elastrain.executor._private.elastic.policy import ElasticJobError, FailurePolicy
+from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
 from elastrain.executor._private.elastic.world import World, make_world
-from elastrain.executor._private.errors import ExecutorError, WorkerError, worker_actor_died
+from elastrain.executor._private.errors import WorkerError, worker_actor_died
 from elastrain.executor._private.observers import RunWatch, worker_record
 from elastrain.executor._private.options import ExecutorOptions
-from elastrain.executor._private.placement import NodeInfo, node_alive, pin_to_host
 
 logger = logging.getLogger("elastrain.executor")
 
+__all__ = ["ElasticDriver", "ElasticJobError", "ElasticStats"]
+
 _POLL_S = 0.05
-# Workers that die before they ever joined a group, this many times in a row on one host, mark the host bad.
-_STARTUP_FAILURES_BEFORE_BLACKLIST = 3
-# How often the driver reads the failures workers report.
-_FAILURE_POLL_S = 0.25
-# After a spare worker died or landed where it could not be used, no new spare for this long, doubling with
-# every further miss (a broken or blacklisted node with room would otherwise catch spare after spare).
-_SPARE_COOLDOWN_S = 30.0
-_SPARE_COOLDOWN_MAX_S = 600.0
-
-
-class ElasticJobError(ExecutorError):
-    """An elastic job could not go on: too few workers for too long, too many resets, or a worker raised."""
-
-
-@dataclass
-class _Worker:
-    worker_id: str
-    host_id: str
-    actor: Any
-    prepare_ref: Any
-    node: NodeInfo | None = None
-    run_ref: Any = None
-    joined: bool = False  # has been a member of a published world (so it holds committed state)
-    spawned_at: float = field(default_factory=time.monotonic)
-    stopping: bool = False  # the driver is stopping it on purpose (host removed, job ending)
-    spare: bool = False  # started without a host, for Ray to place the moment resources appear
+# How often the driver asks the rendezvous actor for failures, silent workers and arrivals (its lease, too).
+_COORDINATOR_POLL_S = 0.25
+# A call on the driver's own rendezvous actor that takes longer than this means the actor is gone or stuck.
+_CONTROL_TIMEOUT_S = 30.0
+# While the job waits for its first min_workers slots, it says what it waits for this often.
+_WAITING_NOTICE_S = 10.0
 
 
 @dataclass
@@ -62,6 +45,7 @@ class _Finish:
     rank: int
     value: Any
     spawned_at: float
+    worker_id: str
 
 
 @dataclass
@@ -69,6 +53,7 @@ class ElasticStats:
     resets: int = 0
     worlds: list[int] = field(default_factory=list)  # world size of each published world
     spares_used: int = 0  # spare workers that joined on a host Ray placed them on
+    evictions: int = 0  # workers stopped because they stopped answering or never arrived
 
 
 class ElasticDriver:
@@ -88,30 +73,31 @@ class ElasticDriver:
         watch: RunWatch | None = None,
     ) -> None:
         self.options = options
-        self.startup_grace_s = startup_grace_s
         self.manager = manager
         self.coordinator = coordinator
         self.sink = sink
-        self.worker_class = worker_class
         self.elastic_options = elastic_options
         self.stats = ElasticStats()
-        self._ids = itertools.count()
-        self._workers: dict[str, _Worker] = {}
-        self._retired: list[Any] = []  # handles of workers no longer tracked, killed when the call ends
+        self.pool = WorkerPool(options, worker_class)
+        self.policy = FailurePolicy(
+            options,
+            manager,
+            startup_grace_s=startup_grace_s,
+            arrival_timeout_s=elastic_options.collective_timeout_s,
+        )
+        self.spare_worker = spare_worker
+        self.watch = watch or RunWatch([])
         self._generation = 0
         self._world: World | None = None
+        self._world_complete = True  # every member of the current world arrived
+        self._after_failure = False  # the current world was formed because a group failed
         self._members_by_generation: dict[int, set[str]] = {}
-        self._next_failure_poll = 0.0
+        self._finishing: int | None = None  # the generation in which the first worker finished
+        self._next_coordinator_poll = 0.0
         self._host_events: queue.SimpleQueue[list[HostEvent]] = queue.SimpleQueue()
-        self._startup_failures: dict[str, int] = {}
-        self._below_min_since: float | None = None
         self._stop_reason: str | None = None
         self._stopped = threading.Event()
         self._ended = threading.Event()
-        self.spare_worker = spare_worker
-        self.watch = watch or RunWatch([])
-        self._no_spare_until = 0.0
-        self._spare_misses = 0
 
     # -- the call --------------------------------------------------------------------------------------------
 
@@ -125,15 +111,16 @@ class ElasticDriver:
 
         remove_listener = self.manager.add_listener(self._host_events.put)
         try:
-            try:
-                self.manager.wait_for_slots(self.options.num_workers, self.options.elastic_timeout)
-            except HostManagerStoppedError:
-                reason = self._stop_reason or "its host manager was stopped"
-                raise ElasticJobError(f"The elastic job was stopped before it started: {reason}.") from None
-            except TimeoutError as error:
-                raise ElasticJobError(f"The elastic job could not start: {error}") from None
+            self._wait_for_first_slots()
             self._fill()
             return self._supervise(ray, payload, call_id)
+        except AllHostsBlacklistedError as error:
+            raise ElasticJobError(f"The elastic job cannot go on: {error}") from error
+        except ray.exceptions.GetTimeoutError as error:
+            raise ElasticJobError(
+                f"The elastic job's rendezvous actor did not answer within {_CONTROL_TIMEOUT_S:g} s; is the node "
+                "that hosts it overloaded or gone?"
+            ) from error
         except Exception as error:
             if self._stopped.is_set() and not isinstance(error, ElasticJobError):
                 # Stopping tears down the rendezvous too; whatever that broke mid-step, the cause is the stop.
@@ -141,20 +128,40 @@ class ElasticDriver:
             raise
         finally:
             remove_listener()
-            self._stop_all(ray)
+            self.pool.stop_all()
             self._ended.set()
 
     def wait_ended(self, timeout_s: float) -> bool:
         """Wait until ``run`` has stopped its workers and returned (after :meth:`stop`); whether it has."""
         return self._ended.wait(timeout_s)
 
+    def _wait_for_first_slots(self) -> None:
+        deadline = time.monotonic() + self.options.elastic_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                self.manager.wait_for_slots(self.options.num_workers, max(min(remaining, _WAITING_NOTICE_S), 0.01))
+                return
+            except HostManagerStoppedError:
+                reason = self._stop_reason or "its host manager was stopped"
+                raise ElasticJobError(f"The elastic job was stopped before it started: {reason}.") from None
+            except TimeoutError as error:
+                if time.monotonic() >= deadline:
+                    raise ElasticJobError(f"The elastic job could not start: {error}") from None
+                logger.info(
+                    "Waiting for hosts with min_workers=%s slots (%s); giving up in %.0f s.",
+                    self.options.num_workers,
+                    self.policy.describe(self.pool),
+                    deadline - time.monotonic(),
+                )
+
     def _supervise(self, ray: Any, payload: Any, call_id: int) -> list[Any]:
         finished: list[_Finish] = []
         while True:
             if self._stopped.is_set():
                 raise ElasticJobError(f"The elastic job was stopped: {self._stop_reason}.")
-            refs = {w.prepare_ref: w for w in self._workers.values() if w.node is None}
-            refs.update({w.run_ref: w for w in self._workers.values() if w.run_ref is not None})
+            refs = {w.prepare_ref: w for w in self.pool if w.node is None}
+            refs.update({w.run_ref: w for w in self.pool if w.run_ref is not None})
             ready = ray.wait(list(refs), num_returns=len(refs), timeout=_POLL_S)[0] if refs else []
             gained = lost = False
             for ref in ready:
@@ -162,41 +169,53 @@ class ElasticDriver:
                 if ref is worker.prepare_ref and worker.node is None:
                     gained |= self._on_prepared(ray, worker, payload, call_id)
                 else:
-                    result = self._on_finished(ray, worker)
+                    result, died = self._on_finished(ray, worker)
                     if result is not None:
                         finished.append(result)
-                    lost = True
+                    lost |= died
+            failed, evicted = self._poll_coordinator(ray)
             if finished:
                 done = self._finished_results(finished)
                 if done is not None:
                     return done
-                self._give_up_on_slow_starts()
                 continue
-            lost |= self._apply_host_events()
-            self._give_up_on_slow_starts()
-            force = self._group_failed_without_a_death(ray)
-            self._check_minimum()
+            changed = self._apply_host_events() or self._hand_off_done()
+            self._stop_slow_starts()
+            self.policy.check_minimum(self.pool)
             self._fill()
+            broken = lost or failed or evicted
             # A loss is published at once (survivors are waiting); workers that are still starting get a moment
             # more, so that several newcomers join in one reset rather than one reset each.
-            if lost or force or ((gained or self._unpublished_ready()) and not self._starting_recently()):
-                self._publish(force=force)
+            if broken or changed or ((gained or self._unpublished_ready()) and not self._starting_recently()):
+                self._publish(force=failed, after_failure=broken)
 
     def _finished_results(self, finished: list[_Finish]) -> list[Any] | None:
-        """Once a worker finished, the members of its world finish too; newer joiners are let go."""
+        """Once a worker finished in generation g, nothing new starts, and the call ends when every member of g
+        has finished or is gone; its result is theirs, by rank."""
         generation = finished[0].generation
         if generation == 0:
             # A plain function joins no group: each worker that starts runs it once, and the call ends when
             # none is left running or starting. No ranks, so results come in the order workers were started.
-            if any(not w.stopping and not w.spare for w in self._workers.values()):
+            if any(w.counts for w in self.pool):
                 return None
             return [f.value for f in sorted(finished, key=lambda f: f.spawned_at)]
-        members = {m.worker_id for m in self._world.members} if self._world else set()
-        still_running = [
-            w for w in self._workers.values() if w.run_ref is not None and w.worker_id in members and not w.stopping
-        ]
-        if still_running and self._world is not None and self._world.generation == generation:
+        if self._finishing is None:
+            self._finishing = generation
+            logger.info(
+                "Worker %s finished in group %s; waiting for that group's others.", finished[0].worker_id, generation
+            )
+        members = self._members_by_generation.get(generation, set())
+        done = {f.worker_id for f in finished if f.generation == generation}
+        if any(w.worker_id in members - done and w.phase is not Phase.STOPPING for w in self.pool):
             return None
+        missing = members - done
+        if missing:
+            logger.warning(
+                "Worker(s) %s of group %s ended without a result after the others finished; returning %s result(s).",
+                ", ".join(sorted(missing)),
+                generation,
+                len(done),
+            )
         ordered = sorted((f for f in finished if f.generation == generation), key=lambda f: f.rank)
         return [f.value for f in ordered]
 
@@ -204,16 +223,17 @@ class ElasticDriver:
 
     def _fill(self) -> None:
         """Start workers on free slots, up to max_workers."""
+        if self._finishing is not None:
+            return
         hosts = self.manager.current_hosts
         limit = self.options.max_workers or sum(h.slots for h in hosts.values())
-        active = [w for w in self._workers.values() if not w.stopping and not w.spare]
         per_host: dict[str, int] = {}
-        for worker in active:
-            per_host[worker.host_id] = per_host.get(worker.host_id, 0) + 1
-        count = len(active)
+        for worker in self.pool.in_phase(Phase.STARTING, Phase.READY, Phase.MEMBER, Phase.LEAVING):
+            per_host[worker.host_id] = per_host.get(worker.host_id, 0) + 1  # a leaving worker holds its slot
+        count = len(self.pool.counted())
         for host_id, host in hosts.items():
             while count < limit and per_host.get(host_id, 0) < host.slots:
-                self._spawn(host_id)
+                self.pool.spawn(host_id)
                 per_host[host_id] = per_host.get(host_id, 0) + 1
                 count += 1
         self._keep_a_spare(count)
@@ -225,137 +245,104 @@ class ElasticDriver:
         imports torch) while discovery catches up, and joins once its node is a usable host.
         """
         limit = self.options.max_workers
-        if not self.spare_worker or limit is None or count >= limit or time.monotonic() < self._no_spare_until:
+        if not self.spare_worker or limit is None or count >= limit or not self.policy.spare_allowed():
             return
-        if any(w.spare and not w.stopping for w in self._workers.values()):
-            return
-        worker_id = f"w{next(self._ids)}"
-        actor = self.worker_class.options(
-            num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0
-        ).remote()
-        self._workers[worker_id] = _Worker(worker_id, "", actor, actor.prepare.remote(), spare=True)
-        logger.debug("Keeping spare worker %s for a node that may join.", worker_id)
+        if not self.pool.in_phase(Phase.SPARE):
+            self.pool.spawn_spare()
 
-    def _adopt_spare(self, ray: Any, worker: _Worker, host_id: str) -> bool:
+    def _adopt_spare(self, worker: PoolWorker, host_id: str) -> bool:
         """Give a spare that Ray placed on node ``host_id`` that host, if it is usable and has a free slot."""
         if host_id not in self.manager.current_hosts:
             self.manager.refresh()  # Ray saw the node before discovery's next poll
         host = self.manager.current_hosts.get(host_id)
-        others = [w for w in self._workers.values() if not w.stopping and not w.spare]
-        started_there = sum(1 for w in others if w.host_id == host_id and w.node is not None)
-        started = sum(1 for w in others if w.node is not None)
+        started = self.pool.in_phase(Phase.READY, Phase.MEMBER, Phase.LEAVING)
         if (
             host is None
             or host_id in self.manager.blacklisted_hosts()
-            or started_there >= host.slots
-            or started >= (self.options.max_workers or 0)
+            or sum(1 for w in started if w.host_id == host_id) >= host.slots
+            or sum(1 for w in started if w.phase is not Phase.LEAVING) >= (self.options.max_workers or 0)
         ):
             logger.info("Spare worker %s landed on %s, which it cannot use; stopping it.", worker.worker_id, host_id)
-            worker.stopping = True
-            ray.kill(worker.actor, no_restart=True)
-            self._forget(worker)
-            self._spare_missed()
+            self.pool.stop(worker)
+            self.pool.forget(worker)
+            self.policy.spare_missed()
             return False
-        worker.spare, worker.host_id = False, host_id
-        self._spare_misses = 0
+        worker.phase, worker.host_id = Phase.STARTING, host_id
+        self.policy.spare_used()
         self.stats.spares_used += 1
         logger.info("Spare worker %s joins from new host %s.", worker.worker_id, host_id)
-        self._drop_redundant_starts(ray, host_id, host.slots)
+        self._drop_redundant_starts(host_id, host.slots)
         return True
 
-    def _spawn(self, host_id: str) -> None:
-        worker_id = f"w{next(self._ids)}"
-        actor = self.worker_class.options(
-            num_cpus=self.options.cpus_per_worker,
-            num_gpus=self.options.gpus_per_worker,
-            max_restarts=0,
-            **pin_to_host(host_id),
-        ).remote()
-        self._workers[worker_id] = _Worker(worker_id, host_id, actor, actor.prepare.remote())
-        logger.info("Starting worker %s on host %s.", worker_id, host_id)
-
-    def _spare_missed(self) -> None:
-        cooldown = min(_SPARE_COOLDOWN_S * 2**self._spare_misses, _SPARE_COOLDOWN_MAX_S)
-        self._spare_misses += 1
-        self._no_spare_until = time.monotonic() + cooldown
-
-    def _drop_redundant_starts(self, ray: Any, host_id: str, slots: int) -> None:
+    def _drop_redundant_starts(self, host_id: str, slots: int) -> None:
         """Workers still starting that an adopted spare made redundant: on its host, or beyond max_workers."""
-        active = [w for w in self._workers.values() if not w.stopping and not w.spare]
+        active = self.pool.counted()
         on_host = sum(1 for w in active if w.host_id == host_id)
         total, limit = len(active), self.options.max_workers or len(active)
         for worker in reversed(active):
             if worker.node is None and ((worker.host_id == host_id and on_host > slots) or total > limit):
-                worker.stopping = True
-                ray.kill(worker.actor, no_restart=True)
+                self.pool.stop(worker)
                 total -= 1
                 on_host -= worker.host_id == host_id
 
-    def _on_prepared(self, ray: Any, worker: _Worker, payload: Any, call_id: int) -> bool:
+    def _on_prepared(self, ray: Any, worker: PoolWorker, payload: Any, call_id: int) -> bool:
         try:
             worker.node = ray.get(worker.prepare_ref)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
-            if worker.stopping:
-                self._forget(worker)
-            else:
-                self._on_died(worker, f"failed to start: {_first_line(error)}")
+            if worker.phase is not Phase.STOPPING:
+                self.policy.worker_died(worker, f"failed to start: {_first_line(error)}")
+            self.pool.forget(worker)
             return False
-        if worker.stopping:
-            self._forget(worker)
+        if worker.phase is Phase.STOPPING or self._finishing is not None:
+            self.pool.stop(worker)
+            self.pool.forget(worker)
             return False
-        if worker.spare and not self._adopt_spare(ray, worker, worker.node.node_id):
+        if worker.phase is Phase.SPARE and not self._adopt_spare(worker, worker.node.node_id):
             return False
         worker.run_ref = worker.actor.run_elastic.remote(
             payload, call_id, worker.worker_id, self.coordinator, self.elastic_options, self.sink
         )
+        worker.phase = Phase.READY
         return True
 
-    def _on_finished(self, ray: Any, worker: _Worker) -> _Finish | None:
+    def _on_finished(self, ray: Any, worker: PoolWorker) -> tuple[_Finish | None, bool]:
+        """The worker's call ended: its result, and whether it died unexpectedly."""
         ref, worker.run_ref = worker.run_ref, None
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as error:
             if not worker_actor_died(error):  # its task failed on another actor's death (say, the rendezvous)
                 ray.kill(worker.actor, no_restart=True)
-            if not worker.stopping:
-                self._on_died(worker, _first_line(error))
-            self._forget(worker)
-            return None
+            died = worker.phase not in (Phase.STOPPING, Phase.LEAVING)
+            if died:
+                self.policy.worker_died(worker, _first_line(error))
+            self.pool.forget(worker)
+            return None, died
         except ray.exceptions.RayTaskError as error:
             rank = self._rank_of(worker)
             cause = getattr(error, "cause", None)
             raise WorkerError(
                 rank, worker.node.node_id if worker.node else None, getattr(error, "traceback_str", str(error)), cause
             ) from (cause if isinstance(cause, BaseException) else None)
-        self._forget(worker)
+        self.pool.forget(worker)
         if outcome is None:  # left out of the next world: stopped without a result
-            return None
+            return None, False
         generation, rank, value = outcome
-        return _Finish(generation, rank, value, worker.spawned_at)
+        return _Finish(generation, rank, value, worker.spawned_at, worker.worker_id), False
 
-    def _on_died(self, worker: _Worker, reason: str) -> None:
-        self._forget(worker)
-        if worker.spare:
-            logger.info("Spare worker %s went away: %s", worker.worker_id, reason)
-            self._spare_missed()
-            return
-        logger.warning("Worker %s on host %s died: %s", worker.worker_id, worker.host_id, reason)
-        if worker.node is not None and not node_alive(worker.node.node_id):
-            self.manager.blacklist(worker.host_id)
-            return
-        if not worker.joined:
-            failures = self._startup_failures.get(worker.host_id, 0) + 1
-            self._startup_failures[worker.host_id] = failures
-            if failures >= _STARTUP_FAILURES_BEFORE_BLACKLIST:
-                self.manager.blacklist(worker.host_id)
-        else:
-            self._startup_failures.pop(worker.host_id, None)
+    def _stop_slow_starts(self) -> None:
+        for worker in self.policy.slow_starts(self.pool):
+            self.policy.worker_died(worker, f"did not start within {self.policy.startup_grace_s} s")
+            self.pool.stop(worker)
 
-    def _forget(self, worker: _Worker) -> None:
-        self._workers.pop(worker.worker_id, None)
-        # Killed when the call ends even if its process still runs: a handle kept alive elsewhere (say, by an
-        # error's traceback) must not keep an idle worker holding its CPUs.
-        self._retired.append(worker.actor)
+    def _evict(self, worker: PoolWorker, reason: str) -> None:
+        """Stop a worker that is alive to Ray but not to the job; its peers' collectives fail once it is gone."""
+        logger.warning("Evicting worker %s on host %s: %s.", worker.worker_id, worker.host_id, reason)
+        self.policy.worker_died(worker, reason)
+        self.pool.stop(worker)
+        self.stats.evictions += 1
+
+    # -- hosts -----------------------------------------------------------------------------------------------
 
     def _apply_host_events(self) -> bool:
         changed = False
@@ -368,39 +355,66 @@ class ElasticDriver:
         return changed
 
     def _shrink_host(self, host_id: str, slots: int) -> bool:
-        import ray
-
-        on_host = [w for w in self._workers.values() if w.host_id == host_id and not w.stopping]
+        """Members beyond the host's slots leave at their next commit (no rollback); others stop now."""
+        on_host = [w for w in self.pool.counted() if w.host_id == host_id]
         extra = on_host[slots:] if slots else on_host
         for worker in reversed(extra):
-            worker.stopping = True
-            ray.kill(worker.actor, no_restart=True)
-            logger.info("Stopping worker %s: host %s went away.", worker.worker_id, host_id)
+            if worker.phase is Phase.MEMBER:
+                worker.phase = Phase.LEAVING
+                logger.info("Worker %s leaves at its next commit: host %s went away.", worker.worker_id, host_id)
+            else:
+                self.pool.stop(worker)
+                logger.info("Stopping worker %s: host %s went away.", worker.worker_id, host_id)
         return bool(extra)
 
-    def _check_minimum(self) -> None:
-        alive = sum(1 for w in self._workers.values() if not w.stopping and not w.spare)
-        if alive >= self.options.num_workers:
-            self._below_min_since = None
-            return
+    # -- the rendezvous --------------------------------------------------------------------------------------
+
+    def _poll_coordinator(self, ray: Any) -> tuple[bool, bool]:
+        """Act on what the rendezvous actor saw (a few times a second): whether the current group failed without a
+        death, and whether a worker was evicted."""
         now = time.monotonic()
-        if self._below_min_since is None:
-            self._below_min_since = now
-        elif now - self._below_min_since > self.options.elastic_timeout:
-            raise ElasticJobError(
-                f"The elastic job had fewer than min_workers={self.options.num_workers} workers for more than "
-                f"elastic_timeout={self.options.elastic_timeout} s ({alive} alive; hosts: "
-                f"{ {h: i.slots for h, i in self.manager.current_hosts.items()} }, blacklisted: "
-                f"{sorted(self.manager.blacklisted_hosts())})."
-            )
+        if now < self._next_coordinator_poll:
+            return False, False
+        self._next_coordinator_poll = now + _COORDINATOR_POLL_S
+        report = ray.get(
+            self.coordinator.poll.remote(self.elastic_options.liveness_timeout_s), timeout=_CONTROL_TIMEOUT_S
+        )
+        gone = [worker_id for worker_id in report.silent if self.pool.get(worker_id) is None]
+        if gone:
+            self.coordinator.forget.remote(gone)
+        if self._world is not None:
+            self._world_complete = report.missing is None or report.missing[0] != self._world.generation
+        evictions = self.policy.silent(report, self.pool) + self.policy.never_arrived(
+            report, self.pool, self._after_failure
+        )
+        for worker, reason in evictions:
+            self._evict(worker, reason)
+        current = [r for r in report.failures if self._world is not None and r[1] == self._world.generation]
+        if current and self._finishing is not None:
+            # The group failed after a member finished: no new group forms; those still in it end without a result.
+            for worker_id, _, reason in current:
+                failed_worker = self.pool.get(worker_id)
+                if failed_worker is not None and failed_worker.phase is not Phase.STOPPING:
+                    logger.warning(
+                        "Stopping worker %s: its group failed after another member finished (%s).", worker_id, reason
+                    )
+                    self.pool.stop(failed_worker)
+            return False, False
+        if current:
+            logger.warning("Group %s failed (%s); forming a new one.", self._world.generation, current[0][2])  # type: ignore[union-attr]
+        return bool(current), bool(evictions)
 
-    # -- worlds ----------------------------------------------------------------------------------------------
-
-    def _publish(self, force: bool = False) -> None:
-        """Publish the ready workers as a new group (``force``: even when they are the current group's)."""
+    def _publish(self, force: bool = False, after_failure: bool = False) -> None:
+        """Publish the running workers as a new group (``force``: even when they are the current group's)."""
         import ray
 
-        ready = [w for w in self._workers.values() if w.run_ref is not None and not w.stopping]
+        if self._finishing is not None:
+            return
+        ready = [w for w in self.pool.in_phase(Phase.READY, Phase.MEMBER) if w.run_ref is not None]
+        if not any(w.phase is Phase.MEMBER for w in ready):
+            # Without them no member would hold the committed state: leaving members stay for one more group,
+            # whose sync hands their state to the newcomers, and leave after it.
+            ready += self._leaving_members()
         if len(ready) < self.options.num_workers:
             return  # survivors wait in join until enough workers are up (bounded by elastic_timeout)
         same = self._world is not None and {m.worker_id for m in self._world.members} == {w.worker_id for w in ready}
@@ -413,13 +427,17 @@ class ElasticDriver:
                     f"The elastic job needed reset {self.stats.resets}, beyond reset_limit="
                     f"{self.options.reset_limit}; raise reset_limit or fix what keeps failing."
                 )
+        # Members of a world formed after a failure must come promptly; that stays so while they have not all come.
+        self._after_failure = after_failure or (self._after_failure and not self._world_complete)
+        self._world_complete = False
         self._generation += 1
         self._world = make_world(self._generation, ready, list(self.manager.current_hosts))
         self._members_by_generation[self._generation] = {m.worker_id for m in self._world.members}
         for worker in ready:
-            worker.joined = True
+            if worker.phase is Phase.READY:
+                worker.phase = Phase.MEMBER
         self.stats.worlds.append(self._world.size)
-        ray.get(self.coordinator.publish.remote(self._world), timeout=30)
+        ray.get(self.coordinator.publish.remote(self._world), timeout=_CONTROL_TIMEOUT_S)
         by_id = {w.worker_id: w for w in ready}
         self.watch.workers_changed(
             [
@@ -436,65 +454,34 @@ class ElasticDriver:
             ", ".join(f"{m.worker_id}@{m.slot.host_id}" for m in self._world.members),
         )
 
-    def _group_failed_without_a_death(self, ray: Any) -> bool:
-        """Whether workers reported that the current group failed (polled a few times a second)."""
-        now = time.monotonic()
-        if self._world is None or now < self._next_failure_poll:
+    # -- small helpers ---------------------------------------------------------------------------------------
+
+    def _leaving_members(self) -> list[PoolWorker]:
+        world = self._world
+        return [w for w in self.pool.in_phase(Phase.LEAVING) if world and world.member(w.worker_id) and w.run_ref]
+
+    def _hand_off_done(self) -> bool:
+        """Leaving workers stayed in the current world for its sync, which is over: they can go now."""
+        if not self._world_complete or not self._leaving_members() or self._world is None:
             return False
-        self._next_failure_poll = now + _FAILURE_POLL_S
-        reports = ray.get(self.coordinator.take_failures.remote(), timeout=30)
-        current = [r for r in reports if r[1] == self._world.generation]
-        if current:
-            logger.warning("Group %s failed (%s); forming a new one.", self._world.generation, current[0][2])
-        return bool(current)
-
-    def _give_up_on_slow_starts(self) -> None:
-        """A worker that has not started within the start-up grace (say, no node can host it) counts as failed."""
-        import ray
-
-        now = time.monotonic()
-        for worker in list(self._workers.values()):
-            if (
-                worker.node is None
-                and not worker.stopping
-                and not worker.spare  # a spare waits for resources as long as it takes
-                and now - worker.spawned_at > self.startup_grace_s
-            ):
-                worker.stopping = True
-                ray.kill(worker.actor, no_restart=True)
-                self._on_died(worker, f"did not start within {self.startup_grace_s} s")
+        members = [self.pool.get(m.worker_id) for m in self._world.members]
+        return any(w is not None and w.phase is Phase.MEMBER for w in members)
 
     def _unpublished_ready(self) -> bool:
-        members = {m.worker_id for m in self._world.members} if self._world else set()
-        return any(
-            w.run_ref is not None and not w.stopping and w.worker_id not in members for w in self._workers.values()
-        )
+        return bool(self.pool.in_phase(Phase.READY))
 
     def _starting_recently(self) -> bool:
         """Some worker is still starting, and not for longer than the start-up grace."""
         now = time.monotonic()
-        return any(
-            w.node is None and not w.stopping and not w.spare and now - w.spawned_at < self.startup_grace_s
-            for w in self._workers.values()
-        )
+        return any(now - w.spawned_at < self.policy.startup_grace_s for w in self.pool.in_phase(Phase.STARTING))
 
     def actors(self) -> dict[str, Any]:
         """The running workers' actor handles by worker id (for tools and fault-injection tests)."""
-        return {w.worker_id: w.actor for w in self._workers.values() if w.run_ref is not None and not w.stopping}
+        return {w.worker_id: w.actor for w in self.pool.in_phase(Phase.READY, Phase.MEMBER) if w.run_ref is not None}
 
-    def _rank_of(self, worker: _Worker) -> int:
+    def _rank_of(self, worker: PoolWorker) -> int:
         member = self._world.member(worker.worker_id) if self._world else None
         return member.slot.rank if member else -1
-
-    def _stop_all(self, ray: Any) -> None:
-        for worker in self._workers.values():
-            worker.stopping = True
-            ray.kill(worker.actor, no_restart=True)
-        self._workers.clear()
-        for actor in self._retired:
-            with contextlib.suppress(Exception):  # already gone: nothing to stop
-                ray.kill(actor, no_restart=True)
-        self._retired.clear()
 
 
 def _first_line(error: BaseException) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from elastrain.discovery import HostDiscovery, HostManager, RayHostDiscovery
 from elastrain.executor._private.elastic.coordinator import Coordinator
 from elastrain.executor._private.elastic.driver import ElasticDriver, ElasticStats
-from elastrain.executor._private.elastic.runtime import ElasticOptions
+from elastrain.executor._private.elastic.group import ElasticOptions
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.observers import RunWatch, run_name, run_record
 from elastrain.executor._private.options import ExecutorOptions
@@ -21,10 +21,6 @@ logger = logging.getLogger("elastrain.executor")
 _CALLBACK_DRAIN_S = 10.0
 # How long shutdown() lets a running call stop its workers before the rendezvous actors go.
 _SHUTDOWN_WAIT_S = 10.0
-
-
-# How much longer than elastic_timeout a worker waits for its next group (see ElasticOptions).
-_WORKER_WAIT_MARGIN_S = 15.0
 
 
 def discovery_for(options: ExecutorOptions, settings: ExecutorSettings) -> HostDiscovery:
@@ -89,12 +85,11 @@ class ElasticSession:
             sink=self.sink,
             worker_class=self.worker_class,
             elastic_options=ElasticOptions(
-                # Longer than the driver's own below-min_workers limit: the driver knows why no group forms and
-                # says so; the workers' limit only guards against a driver that stopped answering.
-                rendezvous_timeout_s=self.options.elastic_timeout + _WORKER_WAIT_MARGIN_S,
                 formation_timeout_s=self.settings.timeout_s,
                 collective_timeout_s=self.settings.collective_timeout_s,
                 backend=None,
+                liveness_timeout_s=self.settings.liveness_timeout_s,
+                nics=self.settings.nics,
             ),
             startup_grace_s=self.settings.timeout_s,
             spare_worker=self.settings.spare_worker and self.options.override_discovery,
@@ -131,5 +126,6 @@ class ElasticSession:
         self.manager.stop()  # ends a call still waiting for hosts
         if driver is not None and not driver.wait_ended(_SHUTDOWN_WAIT_S):
             logger.warning("The running elastic call did not stop within %s s; killing its actors.", _SHUTDOWN_WAIT_S)
+            driver.pool.stop_all()
         ray.kill(self.coordinator, no_restart=True)
         ray.kill(self.sink, no_restart=True)

@@ -1,0 +1,323 @@
+"""Group forming on the worker side: join the next world, meet its members, build its process group.
+
+Every wait here is bounded. A worker waits on the rendezvous actor in short chunks and goes on waiting only
+while the driver keeps polling it (``driver_lease_s``); how long a world may wait for its members is the
+driver's call, which it makes from heartbeats and arrivals (see ``driver.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import functools
+import logging
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from elastrain.executor._private.context import _WorkerState
+from elastrain.executor._private.elastic.collectives import collective_device
+from elastrain.executor._private.elastic.heartbeat import Heartbeat
+from elastrain.executor._private.elastic.world import Member, World
+
+logger = logging.getLogger("elastrain.executor")
+
+# One wait on the rendezvous actor lasts at most this long; the worker then checks the driver's lease.
+_WAIT_CHUNK_S = 5.0
+# A quick call on the rendezvous actor that takes longer than this means the actor is gone or stuck.
+_CONTROL_TIMEOUT_S = 30.0
+# Phrases torch.distributed uses when a peer crashed, hung up or timed out; a RuntimeError without one of them
+# is the user's own error and fails the job instead of triggering recovery.
+_COLLECTIVE_FAILURE_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connection refused",
+    "timed out",
+    "gloo/transport",
+)
+# CleanUpOnly: on a failed NCCL collective the watchdog aborts the communicator and fails the work, but leaves
+# the process alive (torch's default tears survivors down).
+_NCCL_ERROR_HANDLING = "2"
+
+
+class InternalError(RuntimeError):
+    """Raise it in training code to roll every worker back to the last commit and form a new group.
+
+    The counterpart of Horovod's ``HorovodInternalError`` (also importable under that name); collective
+    failures raised by ``torch.distributed`` are treated the same way.
+    """
+
+
+class WorkerRemoved(BaseException):
+    """This worker is not part of the next world: it stops, and its result is not reported.
+
+    A ``BaseException``, so that a user's ``except Exception`` around a commit cannot swallow it.
+    """
+
+
+@dataclasses.dataclass
+class ElasticOptions:
+    formation_timeout_s: float  # how long forming a group may take once every member arrived (timeout_s)
+    collective_timeout_s: float
+    backend: str | None  # None: gloo on CPU, nccl with GPUs
+    liveness_timeout_s: float = 8.0  # sets the heartbeat's pace; the driver judges silence
+    driver_lease_s: float = 30.0  # a worker stops waiting on a driver that has not polled for this long
+    nics: frozenset[str] | None = None  # interfaces gloo and nccl may use
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    try:
+        import torch.distributed as dist
+
+        if isinstance(error, dist.DistError):
+            return True
+    except ImportError:  # pragma: no cover - elastic jobs need torch
+        pass
+    if isinstance(error, InternalError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(marker in text for marker in _COLLECTIVE_FAILURE_MARKERS)
+
+
+class Runtime:
+    """The elastic machinery of one worker process: its world, its process group and its heartbeat."""
+
+    def __init__(self, coordinator: Any, worker_id: str, options: ElasticOptions) -> None:
+        self.coordinator = coordinator
+        self.worker_id = worker_id
+        self.options = options
+        self.world: World | None = None
+        self.member: Member | None = None
+        self._store: Any = None
+        self._heartbeat: Heartbeat | None = None
+        self.resets = 0
+        # Objects bound to the current process group (elastic DistributedDataParallel): re-bound to every new
+        # group, and released before a group is left so the old group really closes.
+        self._group_users: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def start(self) -> Runtime:
+        """Start beating and set the collective backends' environment (before any group exists)."""
+        _set_backend_environment(self.options)
+        self._heartbeat = Heartbeat(self.coordinator, self.worker_id, self.options.liveness_timeout_s).start()
+        return self
+
+    def add_group_user(self, user: Any) -> None:
+        """``user.bind()`` runs after each new group forms; ``user.unbind()`` before the group is left."""
+        self._group_users.add(user)
+
+    def ensure_joined(self) -> None:
+        """Join the first world now (``init_process_group()`` before ``@elastic.run``, as after ``hvd.init()``)."""
+        if self.world is None:
+            self.join_next_world()
+
+    @property
+    def generation(self) -> int:
+        return 0 if self.world is None else self.world.generation
+
+    def join_next_world(self) -> None:
+        """Wait for the next world, then form its process group. Raises WorkerRemoved when left out of it."""
+        while True:
+            world: World = self._wait_on_driver(
+                functools.partial(self.coordinator.join.remote, self.worker_id, self.generation), "its next group"
+            )
+            member = world.member(self.worker_id)
+            self._leave_group()
+            self.world, self.member = world, member
+            if member is None:
+                raise WorkerRemoved
+            try:
+                self._form_group(world, member)
+                return
+            except Exception as error:
+                # A member died or was evicted while the group formed: the driver publishes a newer group.
+                if not (is_collective_failure(error) or isinstance(error, TimeoutError)):
+                    raise
+
+    def _wait_on_driver(self, call: Callable[[float], Any], what: str) -> Any:
+        """Repeat a chunked wait on the rendezvous actor until it yields a value, while the driver's lease holds."""
+        import ray
+
+        lease = self.options.driver_lease_s
+        while True:
+            try:
+                result = ray.get(call(_WAIT_CHUNK_S), timeout=_WAIT_CHUNK_S + lease)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(
+                    f"Worker {self.worker_id} waited for {what}, but the job's rendezvous actor did not answer for "
+                    f"{_WAIT_CHUNK_S + lease:.0f} s."
+                ) from None
+            if result.value is not None:
+                return result.value
+            if result.driver_silent_s > lease:
+                raise TimeoutError(
+                    f"Worker {self.worker_id} waited for {what}, but the job's driver has not polled for "
+                    f"{result.driver_silent_s:.0f} s (driver_lease_s={lease:g}); is it still running?"
+                )
+
+    def _form_group(self, world: World, member: Member) -> None:
+        import ray
+        import torch.distributed as dist
+
+        generation = world.generation
+        arrived = self._wait_on_driver(
+            functools.partial(self.coordinator.arrive.remote, generation, self.worker_id),
+            f"every member of group {generation} to arrive",
+        )
+        if not arrived:
+            raise TimeoutError(f"Group {generation} was replaced before every member arrived.")
+        timeout = datetime.timedelta(seconds=self.options.formation_timeout_s)
+        rank, size = member.slot.rank, world.size
+        node_ip = ray.util.get_node_ip_address()
+        if rank == 0:
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                node_ip, 0, size, is_master=True, wait_for_workers=False, timeout=timeout
+            )
+            ray.get(
+                self.coordinator.set_store.remote(generation, node_ip, self._store.port), timeout=_CONTROL_TIMEOUT_S
+            )
+            master = (node_ip, self._store.port)
+        else:
+            wait_s = self.options.formation_timeout_s
+            found = ray.get(self.coordinator.get_store.remote(generation, wait_s), timeout=wait_s + _CONTROL_TIMEOUT_S)
+            if found is None:
+                raise TimeoutError(f"Rank 0 of group {generation} never published its store.")
+            master = found
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                master[0], master[1], size, is_master=False, timeout=timeout
+            )
+        dist.init_process_group(
+            self.backend(),
+            store=self._store,
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=self.options.collective_timeout_s),
+        )
+        self._publish_context(world, member, master)
+        for user in list(self._group_users):
+            user.bind()
+
+    def backend(self) -> str:
+        return self.options.backend or _default_backend()
+
+    def _publish_context(self, world: World, member: Member, master: tuple[str, int]) -> None:
+        slot = member.slot
+        os.environ.update(
+            {
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+                "RANK": str(slot.rank),
+                "WORLD_SIZE": str(world.size),
+                "LOCAL_RANK": str(slot.local_rank),
+                "LOCAL_WORLD_SIZE": str(slot.local_size),
+                "GROUP_RANK": str(member.node_rank),
+                "GROUP_WORLD_SIZE": str(member.num_nodes),
+                "TORCHELASTIC_RESTART_COUNT": str(self.resets),
+            }
+        )
+        if _WorkerState.context is not None:
+            _WorkerState.context = dataclasses.replace(
+                _WorkerState.context,
+                rank=slot.rank,
+                size=world.size,
+                local_rank=slot.local_rank,
+                local_size=slot.local_size,
+                cross_rank=slot.cross_rank,
+                cross_size=slot.cross_size,
+                node_rank=member.node_rank,
+                num_nodes=member.num_nodes,
+            )
+
+    def _leave_group(self) -> None:
+        import torch.distributed as dist
+
+        for user in list(self._group_users):
+            user.unbind()
+        if dist.is_initialized():
+            if dist.get_backend() == "nccl":
+                # Destroying a communicator whose peer is gone can hang; an aborted one is destroyed at once.
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._abort_process_group()
+            # A group whose peers died may not shut down cleanly; it is dropped either way.
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self._store = None
+
+    def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        self._leave_group()
+
+    def pending_update(self) -> int:
+        """What every worker agrees is waiting (one small collective): 0 nothing, 1 a world that only lost
+        members, 2 a world with newcomers (Horovod's removed/added flags; a mix counts as added)."""
+        import ray
+        import torch
+        import torch.distributed as dist
+
+        members = ray.get(self.coordinator.newer_world.remote(self.generation), timeout=_CONTROL_TIMEOUT_S)
+        mine = 0
+        if members is not None:
+            current = {m.worker_id for m in self.world.members} if self.world else set()
+            mine = 1 if set(members) <= current else 2
+        flag = torch.tensor([mine], dtype=torch.int32, device=collective_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    def update_published(self) -> bool:
+        """Whether the driver has published a world newer than this worker's."""
+        import ray
+
+        return ray.get(self.coordinator.newer_world.remote(self.generation), timeout=_CONTROL_TIMEOUT_S) is not None
+
+    def commit_counts(self, commits: int, skip_sync: bool = False) -> tuple[int, int, bool]:
+        """The rank whose state is newest (most commits; the lowest such rank), its count, and whether the full
+        sync may be skipped: every rank asked to skip it and holds that count.
+
+        Decided by the workers themselves, so a newcomer, or a worker that was published into a group but never
+        received state, can never overwrite a survivor's progress; and a worker that rolled back (its peers'
+        interrupt reached it as a failed collective) never keeps its older state beside theirs.
+        """
+        import torch
+        import torch.distributed as dist
+
+        size = dist.get_world_size()
+        counts = torch.zeros(size + 1, dtype=torch.int64, device=collective_device())
+        counts[dist.get_rank()] = commits
+        counts[size] = int(skip_sync)
+        dist.all_reduce(counts)
+        best = int(counts[:size].max().item())
+        skip = int(counts[:size].min().item()) == best and int(counts[size].item()) == size
+        return int((counts[:size] == best).nonzero()[0].item()), best, skip
+
+    def report_failure(self, error: BaseException) -> None:
+        """Tell the driver this group failed, so it forms a new one even when no worker died."""
+        self.coordinator.report_failure.remote(self.worker_id, self.generation, first_line(error))
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:500] if text else type(error).__name__
+
+
+def _default_backend() -> str:
+    import torch
+
+    return "nccl" if _WorkerState.context and _WorkerState.context.gpu_ids and torch.cuda.is_available() else "gloo"
+
+
+def _set_backend_environment(options: ElasticOptions) -> None:
+    if options.nics:
+        interfaces = ",".join(sorted(options.nics))
+        os.environ["GLOO_SOCKET_IFNAME"] = interfaces
+        os.environ["NCCL_SOCKET_IFNAME"] = interfaces
+    handling = os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", _NCCL_ERROR_HANDLING)
+    if handling not in (_NCCL_ERROR_HANDLING, "0"):
+        logger.warning(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING=%s tears a worker down when a peer fails; elastic jobs need it at %s "
+            "(clean up only) for survivors to go on.",
+            handling,
+            _NCCL_ERROR_HANDLING,
+        )

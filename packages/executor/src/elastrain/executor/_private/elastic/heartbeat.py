@@ -1,0 +1,46 @@
+"""A worker's heartbeat: a thread that tells the rendezvous actor the process still runs.
+
+It needs nothing from the training code: a worker that is busy (a long evaluation, a slow data loader, a
+collective waiting on others) keeps beating, while one that stopped (SIGSTOP, a host that no longer answers)
+goes silent, and the driver evicts it once it has been silent for ``liveness_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+# Beats per liveness timeout: one or two lost or late beats never look like silence.
+_BEATS_PER_TIMEOUT = 8
+_MIN_INTERVAL_S = 0.1
+_MAX_INTERVAL_S = 1.0
+
+
+def beat_interval(liveness_timeout_s: float) -> float:
+    return min(max(liveness_timeout_s / _BEATS_PER_TIMEOUT, _MIN_INTERVAL_S), _MAX_INTERVAL_S)
+
+
+class Heartbeat:
+    def __init__(self, coordinator: Any, worker_id: str, liveness_timeout_s: float) -> None:
+        self._coordinator = coordinator
+        self._worker_id = worker_id
+        self._interval = beat_interval(liveness_timeout_s)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"elastrain-heartbeat-{worker_id}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=self._interval + 1.0)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                # Fire and forget: a beat that is late or lost is made up by the next one.
+                self._coordinator.beat.remote(self._worker_id)
+            except Exception:  # the rendezvous is gone (the call is ending): nothing left to tell
+                return
+            self._stopped.wait(self._interval)
