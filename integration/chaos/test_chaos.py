@@ -9,7 +9,9 @@ full size. Expected:
   a kill or a lost node: the peers' collectives fail at once), and is back at full size within ``timeout_s``
   (the bound on a worker's start);
 - the driver counted what was injected: one eviction per freeze, one smaller world per kill, freeze and removal,
-  one larger world per replacement and added node, and a reset for each of those worlds;
+  one larger world per replacement and added node, and a reset for each of those worlds (plus at most one
+  re-formed group of the same members per failure: the group's failure can reach the driver before Ray says
+  the worker died);
 - no process is ever left stopped.
 
 The scenario prints a table of the events (kind, target, when, time to the next step, time back to full size)
@@ -264,14 +266,23 @@ def test_chaos(cluster: Any, frozen: list[int], tmp_path: Path, capsys: pytest.C
     # per failure, a larger one per replacement or added node, and a reset for each world after the first.
     count = {kind: sum(e.kind == kind for e in events) for kind in EVENTS}
     assert count == EVENTS
+    failures = count["kill"] + count["freeze"] + count["remove"]
     worlds = stats.worlds[worlds_before - 1 :]
-    shrinks = sum(b < a for a, b in itertools.pairwise(worlds))
-    grows = sum(b > a for a, b in itertools.pairwise(worlds))
+    shrinks, grows, repeats = changes(worlds)
     assert stats.evictions == count["freeze"], context()
-    assert shrinks == count["kill"] + count["freeze"] + count["remove"], f"worlds {worlds}; {context()}"
+    assert shrinks == failures, f"worlds {worlds}; {context()}"
     assert grows == count["kill"] + count["freeze"] + count["add"], f"worlds {worlds}; {context()}"
-    assert stats.resets - resets_before == len(worlds) - 1 == shrinks + grows, f"worlds {worlds}; {context()}"
+    # A group's failure can reach the driver before Ray says its worker died; the driver then re-forms the group
+    # with the same members once, and again without the dead one a moment later: at most one per failure.
+    assert repeats <= failures, f"worlds {worlds}; {context()}"
+    assert stats.resets - resets_before == len(worlds) - 1 == shrinks + grows + repeats, f"worlds {worlds}"
     assert worlds[-1] == FULL
+
+
+def changes(worlds: list[int]) -> tuple[int, int, int]:
+    """How often consecutive worlds got smaller, larger, or kept their size."""
+    pairs = list(itertools.pairwise(worlds))
+    return sum(b < a for a, b in pairs), sum(b > a for a, b in pairs), sum(b == a for a, b in pairs)
 
 
 def seconds(value: float | None) -> str:
@@ -312,9 +323,11 @@ def report(events: list[Event], stats: Any, worlds_before: int, resets_before: i
         )
     if stats is not None:
         worlds = stats.worlds[worlds_before - 1 :]
+        shrinks, grows, repeats = changes(worlds)
         lines.append(
-            f"chaos: the driver counted {stats.resets - resets_before} resets and {stats.evictions} evictions "
-            f"since the first event; world sizes {worlds}"
+            f"chaos: the driver counted {stats.resets - resets_before} resets ({shrinks} smaller worlds, {grows} "
+            f"larger, {repeats} of the same size) and {stats.evictions} evictions since the first event; "
+            f"world sizes {worlds}"
         )
     if events:
         lines.append(f"chaos: {time.time() - start:.1f} s from the first event to the end")
