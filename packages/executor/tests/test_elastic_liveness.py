@@ -23,7 +23,7 @@ from elastrain.executor import RayExecutor, elastic, send
 from elastrain_testutils.ray_testing import local_ray
 
 HOSTS = {f"node:host-{n}": 100 for n in range(1, 4)}
-LIVENESS_S = 2.0
+LIVENESS_S = 3.0
 # Long enough that a survivor going on proves the liveness check, not a collective timeout, let it.
 COLLECTIVE_TIMEOUT_S = 120.0
 MISBEHAVE_AT = 8

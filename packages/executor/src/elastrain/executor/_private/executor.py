@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
 from elastrain.executor._private.errors import ExecutorNotStartedError
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
+from elastrain.executor._private.node import NodeInfo
 from elastrain.executor._private.observers import RunWatch, run_name, run_record, worker_record
 from elastrain.executor._private.options import ExecutorOptions, check_options
 from elastrain.executor._private.placement import (
-    NodeInfo,
     WorkerPlacement,
     assign_ranks,
     control_actor_options,

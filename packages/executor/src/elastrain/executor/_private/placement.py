@@ -10,17 +10,7 @@ from typing import Any
 from elastrain.discovery import SlotInfo, assign_slots
 from elastrain.executor._private.capacity import CAN_GROW_ENV, cluster_capacity, most_bundles
 from elastrain.executor._private.errors import PlacementError
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """What a worker actor reports about the process it runs in."""
-
-    node_id: str
-    node_ip: str
-    hostname: str
-    pid: int
-    gpu_ids: tuple[str, ...]
+from elastrain.executor._private.node import NodeInfo
 
 
 @dataclass(frozen=True)

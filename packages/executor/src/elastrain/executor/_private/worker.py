@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from elastrain.executor._private.context import WorkerContext, _WorkerState
-from elastrain.executor._private.placement import NodeInfo
+from elastrain.executor._private.node import NodeInfo
 
 # Before a call returns, the worker waits (this long at most) until the sink has every message it sent, so the
 # driver's callbacks see them all before the call's result.

@@ -21,6 +21,7 @@ from elastrain.discovery import AllHostsBlacklistedError, HostChange, HostEvent,
 from elastrain.executor._private.elastic.group import ElasticOptions
 from elastrain.executor._private.elastic.policy import ElasticJobError, FailurePolicy
 from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
+from elastrain.executor._private.elastic.spares import Spares
 from elastrain.executor._private.elastic.world import World, make_world
 from elastrain.executor._private.errors import WorkerError, worker_actor_died
 from elastrain.executor._private.observers import RunWatch, worker_record
@@ -32,9 +33,11 @@ __all__ = ["ElasticDriver", "ElasticJobError", "ElasticStats"]
 
 _POLL_S = 0.05
 # How often the driver asks the rendezvous actor for failures, silent workers and arrivals (its lease, too).
-_COORDINATOR_POLL_S = 0.25
+_COORDINATOR_POLL_S = 0.1
 # A call on the driver's own rendezvous actor that takes longer than this means the actor is gone or stuck.
 _CONTROL_TIMEOUT_S = 30.0
+# How long a failure report waits for a death notice that may explain it.
+_DEATH_NOTICE_S = 0.2
 # While the job waits for its first min_workers slots, it says what it waits for this often.
 _WAITING_NOTICE_S = 10.0
 
@@ -86,6 +89,7 @@ class ElasticDriver:
             arrival_timeout_s=elastic_options.collective_timeout_s,
         )
         self.spare_worker = spare_worker
+        self.spares = Spares(options, manager, self.pool, self.policy, self.stats)
         self.watch = watch or RunWatch([])
         self._generation = 0
         self._world: World | None = None
@@ -236,54 +240,8 @@ class ElasticDriver:
                 self.pool.spawn(host_id)
                 per_host[host_id] = per_host.get(host_id, 0) + 1
                 count += 1
-        self._keep_a_spare(count)
-
-    def _keep_a_spare(self, count: int) -> None:
-        """Below max_workers with every known slot taken, keep one worker waiting without a host.
-
-        Ray places it the moment a node with room registers, before discovery's next poll; it starts (and
-        imports torch) while discovery catches up, and joins once its node is a usable host.
-        """
-        limit = self.options.max_workers
-        if not self.spare_worker or limit is None or count >= limit or not self.policy.spare_allowed():
-            return
-        if not self.pool.in_phase(Phase.SPARE):
-            self.pool.spawn_spare()
-
-    def _adopt_spare(self, worker: PoolWorker, host_id: str) -> bool:
-        """Give a spare that Ray placed on node ``host_id`` that host, if it is usable and has a free slot."""
-        if host_id not in self.manager.current_hosts:
-            self.manager.refresh()  # Ray saw the node before discovery's next poll
-        host = self.manager.current_hosts.get(host_id)
-        started = self.pool.in_phase(Phase.READY, Phase.MEMBER, Phase.LEAVING)
-        if (
-            host is None
-            or host_id in self.manager.blacklisted_hosts()
-            or sum(1 for w in started if w.host_id == host_id) >= host.slots
-            or sum(1 for w in started if w.phase is not Phase.LEAVING) >= (self.options.max_workers or 0)
-        ):
-            logger.info("Spare worker %s landed on %s, which it cannot use; stopping it.", worker.worker_id, host_id)
-            self.pool.stop(worker)
-            self.pool.forget(worker)
-            self.policy.spare_missed()
-            return False
-        worker.phase, worker.host_id = Phase.STARTING, host_id
-        self.policy.spare_used()
-        self.stats.spares_used += 1
-        logger.info("Spare worker %s joins from new host %s.", worker.worker_id, host_id)
-        self._drop_redundant_starts(host_id, host.slots)
-        return True
-
-    def _drop_redundant_starts(self, host_id: str, slots: int) -> None:
-        """Workers still starting that an adopted spare made redundant: on its host, or beyond max_workers."""
-        active = self.pool.counted()
-        on_host = sum(1 for w in active if w.host_id == host_id)
-        total, limit = len(active), self.options.max_workers or len(active)
-        for worker in reversed(active):
-            if worker.node is None and ((worker.host_id == host_id and on_host > slots) or total > limit):
-                self.pool.stop(worker)
-                total -= 1
-                on_host -= worker.host_id == host_id
+        if self.spare_worker:
+            self.spares.keep_one(count)
 
     def _on_prepared(self, ray: Any, worker: PoolWorker, payload: Any, call_id: int) -> bool:
         try:
@@ -297,8 +255,9 @@ class ElasticDriver:
             self.pool.stop(worker)
             self.pool.forget(worker)
             return False
-        if worker.phase is Phase.SPARE and not self._adopt_spare(worker, worker.node.node_id):
+        if worker.phase is Phase.SPARE and not self.spares.adopt(worker, worker.node.node_id):
             return False
+        self.pool.ready_to_kill_on(worker.node)
         worker.run_ref = worker.actor.run_elastic.remote(
             payload, call_id, worker.worker_id, self.coordinator, self.elastic_options, self.sink
         )
@@ -400,9 +359,20 @@ class ElasticDriver:
                     )
                     self.pool.stop(failed_worker)
             return False, False
+        if current and self._death_on_its_way(ray):
+            return False, bool(evictions)  # the next round forms the group without the dead worker, once
         if current:
             logger.warning("Group %s failed (%s); forming a new one.", self._world.generation, current[0][2])  # type: ignore[union-attr]
         return bool(current), bool(evictions)
+
+    def _death_on_its_way(self, ray: Any) -> bool:
+        """Whether a member's call ended (say, it died) just as its peers reported the failure.
+
+        Survivors often report a failed collective before Ray tells the driver that a peer died; re-forming the
+        same members then would cost a reset and a rendezvous with a dead worker.
+        """
+        refs = [w.run_ref for w in self.pool.in_phase(Phase.MEMBER) if w.run_ref is not None]
+        return bool(refs) and bool(ray.wait(refs, num_returns=1, timeout=_DEATH_NOTICE_S)[0])
 
     def _publish(self, force: bool = False, after_failure: bool = False) -> None:
         """Publish the running workers as a new group (``force``: even when they are the current group's)."""

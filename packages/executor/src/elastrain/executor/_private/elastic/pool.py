@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import itertools
@@ -15,8 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastrain.executor._private.node import NodeInfo
 from elastrain.executor._private.options import ExecutorOptions
-from elastrain.executor._private.placement import NodeInfo, pin_to_host
+from elastrain.executor._private.placement import pin_to_host
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -60,6 +62,7 @@ class WorkerPool:
         self._workers: dict[str, PoolWorker] = {}
         self._retired: list[Any] = []  # handles of workers no longer tracked, killed when the call ends
         self._lock = threading.Lock()  # shutdown() may kill everything from another thread
+        self._killer_nodes: set[str] = set()
 
     def __iter__(self) -> Iterator[PoolWorker]:
         return iter(list(self._workers.values()))
@@ -103,6 +106,18 @@ class WorkerPool:
                 _kill_on_node(worker.node)
         ray.kill(worker.actor, no_restart=True)
 
+    def ready_to_kill_on(self, node: NodeInfo) -> None:
+        """Run the process killer once on ``node`` (a no-op), so that a Ray worker process for it idles there.
+
+        An eviction then kills at once; without one, Ray first starts a process (a second or more on a busy
+        node), and the evicted worker's peers stay blocked in their collective meanwhile.
+        """
+        if node.node_id in self._killer_nodes:
+            return
+        self._killer_nodes.add(node.node_id)
+        with contextlib.suppress(Exception):  # only a head start
+            _kill_on_node(dataclasses.replace(node, pid=0))
+
     def forget(self, worker: PoolWorker) -> None:
         with self._lock:
             self._workers.pop(worker.worker_id, None)
@@ -145,7 +160,12 @@ def _process_killer() -> Any:
 
 
 def kill_ray_worker_process(pid: int) -> bool:
-    """SIGKILL process ``pid`` on this node if it is still a Ray worker (Ray titles those ``ray::...``)."""
+    """SIGKILL process ``pid`` on this node if it is still a Ray worker (Ray titles those ``ray::...``).
+
+    ``pid`` 0 does nothing: it warms a process up for later kills.
+    """
+    if pid <= 0:
+        return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
             if not cmdline.read().startswith(b"ray::"):
