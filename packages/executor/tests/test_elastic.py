@@ -305,3 +305,12 @@ def test_shutdown_ends_a_job_still_waiting_for_min_workers() -> None:
     assert isinstance(error, elastic.ElasticJobError)
     assert "stopped before it started" in str(error)
     assert "shut down" in str(error)
+
+
+def test_every_host_blacklisted_ends_the_job_with_an_elastic_job_error() -> None:
+    discovery = StaticHostDiscovery("host-1:2")
+    with elastic_executor(discovery, min_workers=1) as executor:
+        executor.start()
+        executor._elastic.manager.blacklist("host-1")  # type: ignore[union-attr]
+        with pytest.raises(elastic.ElasticJobError, match="cannot go on: Every discovered host is blacklisted"):
+            executor.run(train_until, args=[5, 1])
