@@ -5,7 +5,7 @@ full size. Expected:
 
 - the job ends with exactly the weights of a run that never failed (``kit.training``);
 - after each event the job trains its next step within that event's bound, which comes from the settings and the
-  documented behaviour (a freeze: ``liveness_timeout_s`` plus the quarter second detection takes plus a margin;
+  documented behaviour (a freeze: ``liveness_timeout_s`` plus the tenth of a second detection takes plus a margin;
   a kill or a lost node: the peers' collectives fail at once), and is back at full size within ``timeout_s``
   (the bound on a worker's start);
 - the driver counted what was injected: one eviction per freeze, one smaller world per kill, freeze and removal,

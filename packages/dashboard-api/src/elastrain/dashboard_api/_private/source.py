@@ -79,7 +79,8 @@ class RaySource:
         return info
 
     def alive_actor_ids(self, runs: list[TrainRunInfo]) -> set[str]:
-        """The ids, among these runs' workers and controllers, of actors alive now: one query for all of them."""
+        """The ids, among these runs' workers and controllers, of actors alive now (one query for all of them),
+        and of controllers that are starting or restarting (present too)."""
         wanted = {w.actor_id for run in runs for w in run.workers}
         wanted |= {run.controller_actor_id for run in runs if run.controller_actor_id}
         if not wanted:
@@ -87,10 +88,18 @@ class RaySource:
         from ray._private.state import state  # the GCS actor table: no dashboard process needed
 
         try:
-            alive = state.actor_table(None, actor_state_name="ALIVE")
+            found = wanted & set(state.actor_table(None, actor_state_name="ALIVE"))
+            starting = {run.controller_actor_id for run in runs if run.controller_actor_id} - found
+            for not_yet in _STARTING_STATES if starting else ():
+                # A controller that is not alive yet (the executor starts it without waiting) is not gone.
+                found |= starting & set(state.actor_table(None, actor_state_name=not_yet))
         except Exception as error:
             raise Unavailable(f"Ray's actor table did not answer: {_first_line(error)}") from None
-        return wanted & set(alive)
+        return found
+
+
+# Ray's actor states before ALIVE, and while it comes back: a controller in one of them is present.
+_STARTING_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING")
 
 
 def decorate(runs: list[TrainRunInfo], alive: set[str]) -> list[TrainRunInfo]:
