@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from elastrain.executor._private.elastic.world import World
 
+# A quick call on the rendezvous actor (driver or worker side) that takes longer than this means it is gone or stuck.
+CONTROL_TIMEOUT_S = 30.0
+
 
 @dataclass(frozen=True)
 class WaitResult:

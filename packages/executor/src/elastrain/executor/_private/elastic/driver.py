@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastrain.discovery import AllHostsBlacklistedError, HostChange, HostEvent, HostManager, HostManagerStoppedError
-from elastrain.executor._private.elastic.group import ElasticOptions
-from elastrain.executor._private.elastic.policy import ElasticJobError, FailurePolicy
+from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
+from elastrain.executor._private.elastic.group import ElasticOptions, first_line
+from elastrain.executor._private.elastic.policy import WAITING_NOTICE_S, ElasticJobError, FailurePolicy
 from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
 from elastrain.executor._private.elastic.spares import Spares
 from elastrain.executor._private.elastic.world import World, make_world
@@ -34,12 +35,8 @@ __all__ = ["ElasticDriver", "ElasticJobError", "ElasticStats"]
 _POLL_S = 0.05
 # How often the driver asks the rendezvous actor for failures, silent workers and arrivals (its lease, too).
 _COORDINATOR_POLL_S = 0.1
-# A call on the driver's own rendezvous actor that takes longer than this means the actor is gone or stuck.
-_CONTROL_TIMEOUT_S = 30.0
 # How long a failure report waits for a death notice that may explain it.
 _DEATH_NOTICE_S = 0.2
-# While the job waits for its first min_workers slots, it says what it waits for this often.
-_WAITING_NOTICE_S = 10.0
 
 
 @dataclass
@@ -122,7 +119,7 @@ class ElasticDriver:
             raise ElasticJobError(f"The elastic job cannot go on: {error}") from error
         except ray.exceptions.GetTimeoutError as error:
             raise ElasticJobError(
-                f"The elastic job's rendezvous actor did not answer within {_CONTROL_TIMEOUT_S:g} s; is the node "
+                f"The elastic job's rendezvous actor did not answer within {CONTROL_TIMEOUT_S:g} s; is the node "
                 "that hosts it overloaded or gone?"
             ) from error
         except Exception as error:
@@ -144,7 +141,7 @@ class ElasticDriver:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                self.manager.wait_for_slots(self.options.num_workers, max(min(remaining, _WAITING_NOTICE_S), 0.01))
+                self.manager.wait_for_slots(self.options.num_workers, max(min(remaining, WAITING_NOTICE_S), 0.01))
                 return
             except HostManagerStoppedError:
                 reason = self._stop_reason or "its host manager was stopped"
@@ -248,11 +245,12 @@ class ElasticDriver:
             worker.node = ray.get(worker.prepare_ref)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
             if worker.phase is not Phase.STOPPING:
-                self.policy.worker_died(worker, f"failed to start: {_first_line(error)}")
+                self.policy.worker_died(worker, f"failed to start: {first_line(error)}")
             self.pool.forget(worker)
             return False
         if worker.phase is Phase.STOPPING or self._finishing is not None:
-            self.pool.stop(worker)
+            if worker.phase is not Phase.STOPPING:
+                self.pool.stop(worker)
             self.pool.forget(worker)
             return False
         if worker.phase is Phase.SPARE and not self.spares.adopt(worker, worker.node.node_id):
@@ -274,7 +272,7 @@ class ElasticDriver:
                 ray.kill(worker.actor, no_restart=True)
             died = worker.phase not in (Phase.STOPPING, Phase.LEAVING)
             if died:
-                self.policy.worker_died(worker, _first_line(error))
+                self.policy.worker_died(worker, first_line(error))
             self.pool.forget(worker)
             return None, died
         except ray.exceptions.RayTaskError as error:
@@ -298,7 +296,7 @@ class ElasticDriver:
         """Stop a worker that is alive to Ray but not to the job; its peers' collectives fail once it is gone."""
         logger.warning("Evicting worker %s on host %s: %s.", worker.worker_id, worker.host_id, reason)
         self.policy.worker_died(worker, reason)
-        self.pool.stop(worker)
+        self.pool.stop(worker, unresponsive=True)
         self.stats.evictions += 1
 
     # -- hosts -----------------------------------------------------------------------------------------------
@@ -336,7 +334,7 @@ class ElasticDriver:
             return False, False
         self._next_coordinator_poll = now + _COORDINATOR_POLL_S
         report = ray.get(
-            self.coordinator.poll.remote(self.elastic_options.liveness_timeout_s), timeout=_CONTROL_TIMEOUT_S
+            self.coordinator.poll.remote(self.elastic_options.liveness_timeout_s), timeout=CONTROL_TIMEOUT_S
         )
         gone = [worker_id for worker_id in report.silent if self.pool.get(worker_id) is None]
         if gone:
@@ -357,7 +355,7 @@ class ElasticDriver:
                     logger.warning(
                         "Stopping worker %s: its group failed after another member finished (%s).", worker_id, reason
                     )
-                    self.pool.stop(failed_worker)
+                    self.pool.stop(failed_worker, unresponsive=True)
             return False, False
         if current and self._death_on_its_way(ray):
             return False, bool(evictions)  # the next round forms the group without the dead worker, once
@@ -407,7 +405,7 @@ class ElasticDriver:
             if worker.phase is Phase.READY:
                 worker.phase = Phase.MEMBER
         self.stats.worlds.append(self._world.size)
-        ray.get(self.coordinator.publish.remote(self._world), timeout=_CONTROL_TIMEOUT_S)
+        ray.get(self.coordinator.publish.remote(self._world), timeout=CONTROL_TIMEOUT_S)
         by_id = {w.worker_id: w for w in ready}
         self.watch.workers_changed(
             [
@@ -452,8 +450,3 @@ class ElasticDriver:
     def _rank_of(self, worker: PoolWorker) -> int:
         member = self._world.member(worker.worker_id) if self._world else None
         return member.slot.rank if member else -1
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

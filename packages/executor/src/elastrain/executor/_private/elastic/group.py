@@ -19,6 +19,7 @@ from typing import Any
 
 from elastrain.executor._private.context import _WorkerState
 from elastrain.executor._private.elastic.collectives import collective_device
+from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
 from elastrain.executor._private.elastic.heartbeat import Heartbeat
 from elastrain.executor._private.elastic.world import Member, World
 
@@ -26,8 +27,6 @@ logger = logging.getLogger("elastrain.executor")
 
 # One wait on the rendezvous actor lasts at most this long; the worker then checks the driver's lease.
 _WAIT_CHUNK_S = 5.0
-# A quick call on the rendezvous actor that takes longer than this means the actor is gone or stuck.
-_CONTROL_TIMEOUT_S = 30.0
 # Phrases torch.distributed uses when a peer crashed, hung up or timed out; a RuntimeError without one of them
 # is the user's own error and fails the job instead of triggering recovery.
 _COLLECTIVE_FAILURE_MARKERS = (
@@ -175,13 +174,11 @@ class Runtime:
             self._store = dist.TCPStore(  # type: ignore[attr-defined]
                 node_ip, 0, size, is_master=True, wait_for_workers=False, timeout=timeout
             )
-            ray.get(
-                self.coordinator.set_store.remote(generation, node_ip, self._store.port), timeout=_CONTROL_TIMEOUT_S
-            )
+            ray.get(self.coordinator.set_store.remote(generation, node_ip, self._store.port), timeout=CONTROL_TIMEOUT_S)
             master = (node_ip, self._store.port)
         else:
             wait_s = self.options.formation_timeout_s
-            found = ray.get(self.coordinator.get_store.remote(generation, wait_s), timeout=wait_s + _CONTROL_TIMEOUT_S)
+            found = ray.get(self.coordinator.get_store.remote(generation, wait_s), timeout=wait_s + CONTROL_TIMEOUT_S)
             if found is None:
                 raise TimeoutError(f"Rank 0 of group {generation} never published its store.")
             master = found
@@ -189,7 +186,7 @@ class Runtime:
                 master[0], master[1], size, is_master=False, timeout=timeout
             )
         dist.init_process_group(
-            self.backend(),
+            self.options.backend or _default_backend(),
             store=self._store,
             rank=rank,
             world_size=size,
@@ -198,9 +195,6 @@ class Runtime:
         self._publish_context(world, member, master)
         for user in list(self._group_users):
             user.bind()
-
-    def backend(self) -> str:
-        return self.options.backend or _default_backend()
 
     def _publish_context(self, world: World, member: Member, master: tuple[str, int]) -> None:
         slot = member.slot
@@ -257,7 +251,7 @@ class Runtime:
         import torch
         import torch.distributed as dist
 
-        members = ray.get(self.coordinator.newer_world.remote(self.generation), timeout=_CONTROL_TIMEOUT_S)
+        members = ray.get(self.coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S)
         mine = 0
         if members is not None:
             current = {m.worker_id for m in self.world.members} if self.world else set()
@@ -270,7 +264,7 @@ class Runtime:
         """Whether the driver has published a world newer than this worker's."""
         import ray
 
-        return ray.get(self.coordinator.newer_world.remote(self.generation), timeout=_CONTROL_TIMEOUT_S) is not None
+        return ray.get(self.coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S) is not None
 
     def commit_counts(self, commits: int, skip_sync: bool = False) -> tuple[int, int, bool]:
         """The rank whose state is newest (most commits; the lowest such rank), its count, and whether the full

@@ -20,8 +20,8 @@ _STARTUP_FAILURES_BEFORE_BLACKLIST = 3
 # every further miss (a broken or blacklisted node with room would otherwise catch spare after spare).
 _SPARE_COOLDOWN_S = 30.0
 _SPARE_COOLDOWN_MAX_S = 600.0
-# While the job waits for min_workers, it says what it waits for this often.
-_WAITING_NOTICE_S = 10.0
+# While the job waits for min_workers (at its start or later), it says what it waits for this often.
+WAITING_NOTICE_S = 10.0
 
 
 class ElasticJobError(ExecutorError):
@@ -127,7 +127,7 @@ class FailurePolicy:
         now = time.monotonic()
         if self._below_min_since is None:
             self._below_min_since = now
-            self._next_waiting_notice = now + _WAITING_NOTICE_S
+            self._next_waiting_notice = now + WAITING_NOTICE_S
             return
         waited = now - self._below_min_since
         if waited > self.options.elastic_timeout:
@@ -136,7 +136,7 @@ class FailurePolicy:
                 f"elastic_timeout={self.options.elastic_timeout} s ({self.describe(pool)})."
             )
         if now >= self._next_waiting_notice:
-            self._next_waiting_notice = now + _WAITING_NOTICE_S
+            self._next_waiting_notice = now + WAITING_NOTICE_S
             logger.info(
                 "Waiting for min_workers=%s workers (%s); giving up in %.0f s.",
                 self.options.num_workers,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import functools
 import itertools
@@ -77,33 +76,24 @@ class WorkerPool:
         return [w for w in self if w.phase in phases]
 
     def spawn(self, host_id: str) -> PoolWorker:
-        actor = self.worker_class.options(
-            num_cpus=self.options.cpus_per_worker,
-            num_gpus=self.options.gpus_per_worker,
-            max_restarts=0,
-            **pin_to_host(host_id),
-        ).remote()
-        worker = self._add(PoolWorker(f"w{next(self._ids)}", host_id, actor, actor.prepare.remote(), Phase.STARTING))
+        worker = self._start(host_id, Phase.STARTING, **pin_to_host(host_id))
         logger.info("Starting worker %s on host %s.", worker.worker_id, host_id)
         return worker
 
     def spawn_spare(self) -> PoolWorker:
-        actor = self.worker_class.options(
-            num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0
-        ).remote()
-        worker = self._add(PoolWorker(f"w{next(self._ids)}", "", actor, actor.prepare.remote(), Phase.SPARE))
+        worker = self._start("", Phase.SPARE)
         logger.debug("Keeping spare worker %s for a node that may join.", worker.worker_id)
         return worker
 
-    def stop(self, worker: PoolWorker) -> None:
-        """Kill ``worker``. A worker that may not answer (stopped, hung) is also SIGKILLed on its node: Ray's own
-        kill waits seconds for a stopped process, and its peers' collectives fail only once its sockets close."""
+    def stop(self, worker: PoolWorker, *, unresponsive: bool = False) -> None:
+        """Kill ``worker``. One that does not answer (stopped, hung) is also SIGKILLed on its node: Ray's own kill
+        waits seconds for a stopped process, and its peers' collectives fail only once its sockets close."""
         import ray
 
         worker.phase = Phase.STOPPING
-        if worker.node is not None:
+        if unresponsive and worker.node is not None:
             with contextlib.suppress(Exception):  # its node is gone: nothing left to kill there
-                _kill_on_node(worker.node)
+                _kill_on_node(worker.node.node_id, worker.node.pid)
         ray.kill(worker.actor, no_restart=True)
 
     def ready_to_kill_on(self, node: NodeInfo) -> None:
@@ -116,7 +106,7 @@ class WorkerPool:
             return
         self._killer_nodes.add(node.node_id)
         with contextlib.suppress(Exception):  # only a head start
-            _kill_on_node(dataclasses.replace(node, pid=0))
+            _kill_on_node(node.node_id, 0)
 
     def forget(self, worker: PoolWorker) -> None:
         with self._lock:
@@ -139,17 +129,21 @@ class WorkerPool:
             with contextlib.suppress(Exception):  # already gone: nothing to stop
                 ray.kill(actor, no_restart=True)
 
-    def _add(self, worker: PoolWorker) -> PoolWorker:
+    def _start(self, host_id: str, phase: Phase, **placement: Any) -> PoolWorker:
+        actor = self.worker_class.options(
+            num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0, **placement
+        ).remote()
+        worker = PoolWorker(f"w{next(self._ids)}", host_id, actor, actor.prepare.remote(), phase)
         with self._lock:
             self._workers[worker.worker_id] = worker
         return worker
 
 
-def _kill_on_node(node: NodeInfo) -> None:
+def _kill_on_node(node_id: str, pid: int) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
-    _process_killer().options(scheduling_strategy=strategy).remote(node.pid)
+    strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    _process_killer().options(scheduling_strategy=strategy).remote(pid)
 
 
 @functools.cache
