@@ -69,14 +69,14 @@ def test_everything_fails_and_nothing_committed_is_lost(cluster: Any, seaweed: S
     persistence = StatePersistence(uri, every=PERSIST_EVERY, num_to_keep=KEEP, storage_options=options, timeout_s=120)
     settings = RayExecutor.create_settings(timeout_s=60, discovery_interval_s=0.2)
     executor = RayExecutor(settings, min_workers=1, max_workers=FULL, cpus_per_worker=2, elastic_timeout=180)
-    seen_committed: dict[str, int] = {}  # every persisted state ever listed: name -> sequence
+    seen_committed: dict[str, tuple[int, int]] = {}  # every persisted state ever listed: name -> (step, sequence)
     log: list[str] = []
 
     def note(event: str) -> None:
         log.append(f"step {truth.step} size {truth.size}: {event}")
 
     def remember_committed() -> None:
-        seen_committed.update({c.name: c.sequence for c in store.list()})
+        seen_committed.update({c.name: (c.step or 0, c.sequence) for c in store.list()})
 
     def back_to_full_size(after: str, resets_above: int = -1) -> None:
         wait_until(
@@ -171,9 +171,15 @@ def test_everything_fails_and_nothing_committed_is_lost(cluster: Any, seaweed: S
     remember_committed()
     kept = store.list()
     assert len(kept) == KEEP
-    oldest_kept = min(c.sequence for c in kept)
-    for name, sequence in seen_committed.items():
-        assert name in {c.name for c in kept} or sequence < oldest_kept, f"{name} was lost; {log}"
+    # The committed order is the order of commit counts (a former rank 0's late copy never became latest), and
+    # the latest is the most advanced state ever committed.
+    commit_counts = [c.metrics["commits"] for c in kept]
+    assert commit_counts == sorted(set(commit_counts)), commit_counts
+    assert [c.step for c in kept] == commit_counts
+    assert kept[-1].step == max(step for step, _ in seen_committed.values())
+    oldest_kept = min((c.step or 0, c.sequence) for c in kept)
+    for name, order in seen_committed.items():
+        assert name in {c.name for c in kept} or order < oldest_kept, f"{name} was lost; {log}"
     persisted_steps = []
     for checkpoint in kept:
         target = tmp_path / "restored" / checkpoint.name

@@ -22,6 +22,9 @@ from typing import Any
 
 ACCESS_KEY = "elastrain-test-key"
 SECRET_KEY = "elastrain-test-secret-0123456789"  # noqa: S105 - the test servers' own credentials
+# SeaweedFS only: credentials that may read and list but not write (an evaluation job's).
+READER_ACCESS_KEY = "elastrain-test-reader"
+READER_SECRET_KEY = "elastrain-test-reader-secret-0123"  # noqa: S105
 _START_TIMEOUT_S = 60.0
 
 
@@ -119,10 +122,11 @@ class S3Server(_Server):
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def storage_options(self, **config: Any) -> dict[str, Any]:
+    def storage_options(self, *, read_only: bool = False, **config: Any) -> dict[str, Any]:
+        """s3fs options; ``read_only``: the read-and-list credentials (SeaweedFS only)."""
         return {
-            "key": ACCESS_KEY,
-            "secret": SECRET_KEY,
+            "key": READER_ACCESS_KEY if read_only else ACCESS_KEY,
+            "secret": READER_SECRET_KEY if read_only else SECRET_KEY,
             "client_kwargs": {"endpoint_url": self.endpoint_url},
             "config_kwargs": {"connect_timeout": 2, "read_timeout": 10, "retries": {"max_attempts": 1}, **config},
         }
@@ -168,7 +172,12 @@ class SeaweedS3(S3Server):
                     "name": "tests",
                     "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
                     "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                }
+                },
+                {
+                    "name": "reader",
+                    "credentials": [{"accessKey": READER_ACCESS_KEY, "secretKey": READER_SECRET_KEY}],
+                    "actions": ["Read", "List"],
+                },
             ]
         }
         (self.workdir / "ids.json").write_text(json.dumps(identities))

@@ -19,6 +19,8 @@ from elastrain.durable._private.errors import (
     CheckpointNotFoundError,
     CommandFailedError,
     DurableError,
+    FilesChangedError,
+    StaleCheckpointError,
     StorageError,
     StorageTimeoutError,
 )
@@ -40,6 +42,8 @@ __all__ = [
     "DurableError",
     "CheckpointNotFoundError",
     "CheckpointCorruptedError",
+    "StaleCheckpointError",
+    "FilesChangedError",
     "StorageError",
     "StorageTimeoutError",
     "CommandFailedError",

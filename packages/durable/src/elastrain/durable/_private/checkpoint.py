@@ -31,7 +31,7 @@ class Checkpoint:
 
     name: str
     uri: str  # where its files are, without credentials
-    sequence: int  # increases with every checkpoint a store commits
+    sequence: int  # increases with every upload a store starts (names sort by it; the order is order_key's)
     step: int | None
     metrics: Mapping[str, Any]
     created_at: float  # seconds since the epoch, when it was committed
@@ -109,6 +109,13 @@ def decode_manifest(data: bytes, uri: str) -> Checkpoint:
     )
 
 
+def order_key(checkpoint: Checkpoint) -> tuple[bool, int, int]:
+    """Checkpoints are ordered by step, the state's own progress, then by commit order; ones saved without a
+    step come before those with one. Not by upload order alone: after an elastic reset the former rank 0 may
+    still be uploading an older state while the new one commits a newer."""
+    return (checkpoint.step is not None, checkpoint.step or 0, checkpoint.sequence)
+
+
 def score_key(checkpoint: Checkpoint, attribute: str, order: str) -> tuple[int, float]:
     """Sort key, larger is better; a missing, non-numeric or NaN score is the worst in either order."""
     value = checkpoint.metrics.get(attribute)
@@ -120,15 +127,15 @@ def score_key(checkpoint: Checkpoint, attribute: str, order: str) -> tuple[int, 
 def checkpoints_to_keep(
     checkpoints: list[Checkpoint], num_to_keep: int | None, score_attribute: str | None, score_order: str
 ) -> list[Checkpoint]:
-    """The ones garbage collection keeps: the latest always, then the best by score (or the newest)."""
-    ordered = sorted(checkpoints, key=lambda c: c.sequence)
+    """The ones garbage collection keeps, in order: the latest always, then the best by score (or the newest)."""
+    ordered = sorted(checkpoints, key=order_key)
     if num_to_keep is None or len(ordered) <= num_to_keep:
         return ordered
     latest, rest = ordered[-1], ordered[:-1]
     if score_attribute is None:
-        ranked = sorted(rest, key=lambda c: c.sequence, reverse=True)
+        ranked = sorted(rest, key=order_key, reverse=True)
     else:
         # Ties go to the newer checkpoint.
-        ranked = sorted(rest, key=lambda c: (score_key(c, score_attribute, score_order), c.sequence), reverse=True)
+        ranked = sorted(rest, key=lambda c: (score_key(c, score_attribute, score_order), order_key(c)), reverse=True)
     kept = {c.name for c in ranked[: num_to_keep - 1]} | {latest.name}
     return [c for c in ordered if c.name in kept]

@@ -33,7 +33,7 @@ class Collector:
         location: Location,
         client: SyncClient,
         retry: Callable[..., Any],
-        list_names: Callable[[str], list[str]],
+        list_names: Callable[..., list[str]],
         readers: Readers,
     ) -> None:
         self.location = location
@@ -46,10 +46,13 @@ class Collector:
 
     # -- markers ---------------------------------------------------------------------------------------------
 
-    def mark_pending(self, name: str, deadline_s: float) -> None:
+    def mark_pending(self, name: str, deadline_s: float, deadline: float) -> None:
+        """``deadline_s``: the whole save's; the save itself gives up by ``deadline`` (monotonic), within it."""
         document = json.dumps({"started_at": time.time(), "deadline_s": deadline_s}).encode()
         uri = self._marker(name)
-        self.retry(lambda left: self.client.write_bytes(uri, document, timeout_s=left), "marking an upload")
+        self.retry(
+            lambda left: self.client.write_bytes(uri, document, timeout_s=left), "marking an upload", deadline=deadline
+        )
 
     def clear_pending(self, name: str) -> None:
         try:
@@ -57,23 +60,40 @@ class Collector:
         except Exception as error:  # a leftover marker of a committed checkpoint is removed by collection
             logger.info("Could not remove the upload marker of %s (%s).", name, type(error).__name__)
 
-    def highest_sequence(self) -> int:
+    def highest_sequence(self, deadline: float) -> int:
         """The highest sequence committed, being uploaded, or (where cheap to list) present at all."""
-        names = self.list_names(self.location.join(ckpt.MANIFEST_DIR))
-        names += [_name_of_marker(marker) for marker in self.list_names(self.location.join(PENDING_DIR))]
+        names = self.list_names(self.location.join(ckpt.MANIFEST_DIR), deadline=deadline)
+        names += list(self.list_markers(deadline))
         if self.cheap_root_listing:
-            names += self.list_names(self.location.root)
+            names += self.list_names(self.location.root, deadline=deadline)
         return max((s for s in map(ckpt.sequence_of, names) if s is not None), default=0)
+
+    def list_root(self) -> list[str] | None:
+        """The names at the store's root, where listing it is cheap (None elsewhere)."""
+        return self.list_names(self.location.root) if self.cheap_root_listing else None
+
+    def list_markers(self, deadline: float | None = None) -> dict[str, str]:
+        """Checkpoint name -> marker file name, for every upload marker."""
+        listed = self.list_names(self.location.join(PENDING_DIR), deadline=deadline)
+        return {_name_of_marker(marker): marker for marker in listed}
 
     # -- collection ------------------------------------------------------------------------------------------
 
-    def collect(self, doomed: list[str], committed_sequence: int, failed: set[str], manifests: set[str]) -> None:
+    def collect(
+        self,
+        doomed: list[str],
+        committed_sequence: int,
+        failed: set[str],
+        manifests: set[str],
+        markers: dict[str, str],
+        root: list[str] | None,
+    ) -> None:
         """Delete ``doomed`` committed checkpoints (manifest first), then abandoned uploads: those whose marker
         is past its deadline, and ``failed`` (uploads of this store that failed; removed from the set once gone).
-        ``manifests``: the names under ``_manifests`` (unreadable ones too: their files are never collected).
+        ``manifests``: the names under ``_manifests`` (unreadable ones too: their files are never collected),
+        listed after ``markers`` and ``root`` (``list_markers``, ``list_root``).
         """
-        markers = {_name_of_marker(m): m for m in self.list_names(self.location.join(PENDING_DIR))}
-        abandoned = self._abandoned(manifests, markers, committed_sequence)
+        abandoned = self._abandoned(manifests, markers, committed_sequence, root)
         abandoned += [name for name in sorted(failed) if name not in abandoned and name not in manifests]
         if not doomed and not abandoned and not (markers.keys() & manifests):
             return
@@ -89,8 +109,8 @@ class Collector:
             self._delete(self.location.join(name))
             logger.info("Collected %s.", self.location.display_join(name))
         for name in abandoned:
-            if name in busy:
-                continue
+            if name in busy or self._committed_now(name):
+                continue  # committed since the listings (a writer past its deadline still finished)
             self._delete(self.location.join(name))
             if name in markers:
                 self._delete(self._marker_uri(markers[name]))
@@ -99,7 +119,9 @@ class Collector:
         for name in markers.keys() & manifests:  # committed, but its marker was left behind
             self._delete(self._marker_uri(markers[name]))
 
-    def _abandoned(self, manifests: set[str], markers: dict[str, str], committed_sequence: int) -> list[str]:
+    def _abandoned(
+        self, manifests: set[str], markers: dict[str, str], committed_sequence: int, root: list[str] | None
+    ) -> list[str]:
         found = []
         now = time.time()
         for name, marker in markers.items():
@@ -108,8 +130,8 @@ class Collector:
             started_at, deadline_s = self._read_marker(marker)
             if now - started_at > deadline_s + _PENDING_MARGIN_S:
                 found.append(name)
-        if self.cheap_root_listing:
-            for name in self.list_names(self.location.root):
+        if root is not None:
+            for name in root:
                 sequence = ckpt.sequence_of(name)
                 if sequence is None or name in manifests or name in markers or name in found:
                     continue
@@ -127,6 +149,14 @@ class Collector:
             return time.time(), float("inf")  # just committed or removed: not abandoned
         except (ValueError, KeyError, TypeError):
             return 0.0, 0.0  # unreadable: abandoned
+
+    def _committed_now(self, name: str) -> bool:
+        uri = self.location.join(ckpt.MANIFEST_DIR, name, ckpt.MANIFEST_FILE)
+        try:
+            self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), "checking a manifest")
+        except FileNotFoundError:
+            return False
+        return True
 
     def _write_abandoned_marker(self, name: str) -> None:
         document = json.dumps({"started_at": 0.0, "deadline_s": 0.0}).encode()

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from elastrain.durable._private.errors import StaleCheckpointError
 from elastrain.durable._private.store import CheckpointStore
 from elastrain.durable._private.sync_client import SyncClient
 
@@ -94,6 +95,17 @@ class StatePersistence:
                 self._writing = True
                 threading.Thread(target=self._write_queued, name="elastrain-persist", daemon=True).start()
 
+    def rank_changed(self, rank: int) -> None:
+        """Called by the executor at every reset with this worker's new rank: a worker that is no longer rank 0
+        drops the copy it still had queued (the new rank 0 persists from now on; one already uploading is fenced
+        by the store, which never lets an older step become latest)."""
+        if rank == 0:
+            return
+        with self._lock:
+            dropped, self._queued = self._queued, None
+        if dropped is not None:
+            logger.info("Dropped the queued copy of commit %d: this worker is rank %d now.", dropped[1], rank)
+
     def latest(self) -> str | None:
         checkpoint = self.store.latest()
         return None if checkpoint is None else checkpoint.name
@@ -141,6 +153,8 @@ class StatePersistence:
             try:
                 self._persist(*queued)
                 self._last_error = None
+            except StaleCheckpointError as error:  # a newer rank 0 has persisted a later commit: nothing lost
+                logger.info("%s", error)
             except Exception as error:  # reported here and by flush(); training goes on
                 self._last_error = error
                 logger.warning("Persisting elastic state (commit %d) failed: %s", queued[1], error)

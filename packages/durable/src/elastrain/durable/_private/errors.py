@@ -25,3 +25,13 @@ class StorageTimeoutError(StorageError, TimeoutError):
 
 class CommandFailedError(StorageError):
     """A ``CommandSyncClient`` command exited with a non-zero status."""
+
+
+class StaleCheckpointError(DurableError):
+    """A save was not committed because the store already holds a checkpoint of a later step: another writer
+    (a new rank 0 after an elastic reset) has moved on. Nothing older than what is committed becomes latest."""
+
+
+class FilesChangedError(DurableError):
+    """Files changed while they were being uploaded (``staging="link"`` with files rewritten in place): the
+    checkpoint would not match its manifest, so nothing was committed."""

@@ -1,39 +1,66 @@
 """The default client: fsspec for object stores and other filesystems, plain OS calls for local folders.
 
 Deadlines are real: for async filesystems (s3fs, gcsfs) each transfer is an ``asyncio`` task on fsspec's loop
-that is cancelled when the deadline passes (an S3 PUT to a server that stops answering otherwise hangs forever).
+that is cancelled when the deadline passes (an S3 PUT to a server that stops answering otherwise hangs forever);
+local and mounted folders run each call in a daemon thread that is abandoned at the deadline (a hung NFS mount).
 Local writes go to a temporary name, are fsynced and renamed, because readers can see a file being written.
+On the local disk and on S3, checksums are taken from the bytes as they move (``_upload_described``,
+``_download_described``), so a file changed during an upload cannot commit a manifest that does not match.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
-import shutil
-import threading
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from elastrain.durable._private import local_transfer as local
+from elastrain.durable._private.checkpoint import FileEntry
 from elastrain.durable._private.errors import StorageTimeoutError
+from elastrain.durable._private.files import walk_files
+from elastrain.durable._private.s3_transfer import MIN_PART_SIZE, S3Transfer, gather_bounded, is_s3
 from elastrain.durable._private.sync_client import SyncClient
 
 T = TypeVar("T")
+_MIB = 1 << 20
 
 
 class FsspecSyncClient(SyncClient):
     """Moves checkpoints with an fsspec filesystem (``filesystem=None``: the local disk).
 
-    ``max_concurrency`` files move at once on async filesystems.
+    ``max_concurrency`` files move at once on async filesystems. On S3, files of ``2 * part_size`` bytes or
+    more move in parts of ``part_size``, several at once; ``max_bytes_in_flight`` bounds the memory that parts
+    in flight hold, for one upload or download as a whole.
     """
 
-    def __init__(self, filesystem: Any = None, *, max_concurrency: int = 8) -> None:
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}.")
+    def __init__(
+        self,
+        filesystem: Any = None,
+        *,
+        max_concurrency: int = 8,
+        part_size: int = 16 * _MIB,
+        max_bytes_in_flight: int = 128 * _MIB,
+    ) -> None:
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be an int of at least 1, got {max_concurrency!r}.")
+        if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < MIN_PART_SIZE:
+            raise ValueError(
+                f"part_size must be an int of at least {MIN_PART_SIZE} bytes (5 MiB, S3's smallest part), "
+                f"got {part_size!r}."
+            )
+        if isinstance(max_bytes_in_flight, bool) or not isinstance(max_bytes_in_flight, int):
+            raise ValueError(f"max_bytes_in_flight must be an int, got {max_bytes_in_flight!r}.")
+        if max_bytes_in_flight < part_size:
+            raise ValueError(
+                f"max_bytes_in_flight ({max_bytes_in_flight}) must hold at least one part of part_size "
+                f"({part_size}) bytes; raise it or lower part_size."
+            )
         self.filesystem = filesystem
         self.max_concurrency = max_concurrency
+        self.part_size = part_size
+        self.max_bytes_in_flight = max_bytes_in_flight
 
     def __repr__(self) -> str:
         kind = "local" if self.filesystem is None else type(self.filesystem).__name__
@@ -42,73 +69,95 @@ class FsspecSyncClient(SyncClient):
     # -- folder operations --------------------------------------------------------------------------------------
 
     def upload(self, local_dir: str, uri: str, *, timeout_s: float) -> None:
-        pairs = [(os.path.join(root, name), _relative(local_dir, root, name)) for root, name in _walk(local_dir)]
-        if self.filesystem is None:
-            for source, relative in pairs:
-                _durable_copy(source, os.path.join(_local(uri), relative))
+        if self._upload_described(local_dir, uri, timeout_s=timeout_s) is not None:
             return
+        pairs = walk_files(local_dir)
         fs = self.filesystem
         base = fs._strip_protocol(uri)
         if self._is_async:
             self._run_async(
-                lambda: _bounded(
+                lambda: gather_bounded(
                     [functools.partial(fs._put_file, src, f"{base}/{rel}") for src, rel in pairs], self.max_concurrency
                 ),
                 timeout_s,
                 f"uploading to {uri}",
             )
         else:
-            self._run_blocking(lambda: [fs.put_file(src, f"{base}/{rel}") for src, rel in pairs], timeout_s, uri)
+            local.run_with_deadline(
+                lambda: [fs.put_file(src, f"{base}/{rel}") for src, rel in pairs], timeout_s, f"uploading to {uri}"
+            )
+
+    def _upload_described(self, local_dir: str, uri: str, *, timeout_s: float) -> list[FileEntry] | None:
+        """Upload and describe the bytes sent; None (nothing done) where this filesystem cannot tell them."""
+        if self.filesystem is None:
+            target = _local(uri)
+            return local.run_with_deadline(lambda: local.copy_tree(local_dir, target), timeout_s, f"copying to {uri}")
+        if not is_s3(self.filesystem):
+            return None
+        base = self.filesystem._strip_protocol(uri).rstrip("/")
+        pairs = walk_files(local_dir)
+        entries: list[FileEntry] = self._run_async(
+            lambda: self._s3().upload_tree(pairs, base), timeout_s, f"uploading to {uri}"
+        )
+        return entries
 
     def download(self, uri: str, local_dir: str, *, timeout_s: float) -> None:
-        if self.filesystem is None:
-            source_root = _local(uri)
-            if os.path.isdir(source_root):
-                for root, name in _walk(source_root):
-                    _durable_copy(os.path.join(root, name), os.path.join(local_dir, _relative(source_root, root, name)))
+        if self._download_described(uri, local_dir, timeout_s=timeout_s) is not None:
             return
         fs = self.filesystem
         base = fs._strip_protocol(uri).rstrip("/")
-
-        def targets(found: list[str]) -> list[tuple[str, str]]:
-            pairs = []
-            root = os.path.realpath(local_dir)
-            for path in found:
-                target = os.path.realpath(os.path.join(local_dir, *path[len(base) + 1 :].split("/")))
-                if not target.startswith(root + os.sep):
-                    raise ValueError(f"Refusing to download {path!r}: its key points outside the target folder.")
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                pairs.append((path, target))
-            return pairs
-
         if self._is_async:
 
             async def fetch() -> None:
                 fs.invalidate_cache(base)
                 found = await fs._find(base)
                 calls: list[Callable[[], Coroutine[Any, Any, Any]]] = [
-                    functools.partial(fs._get_file, src, dst) for src, dst in targets(found)
+                    functools.partial(fs._get_file, src, dst) for src, dst in _targets(base, found, local_dir)
                 ]
-                await _bounded(calls, self.max_concurrency)
+                await gather_bounded(calls, self.max_concurrency)
 
             self._run_async(fetch, timeout_s, f"downloading {uri}")
         else:
 
             def fetch_blocking() -> None:
                 fs.invalidate_cache(base)
-                for src, dst in targets(fs.find(base)):
+                for src, dst in _targets(base, fs.find(base), local_dir):
                     fs.get_file(src, dst)
 
-            self._run_blocking(fetch_blocking, timeout_s, uri)
+            local.run_with_deadline(fetch_blocking, timeout_s, f"downloading {uri}")
+
+    def _download_described(self, uri: str, local_dir: str, *, timeout_s: float) -> list[FileEntry] | None:
+        """Download and describe the bytes received; None (nothing done) where this filesystem cannot tell them."""
+        if self.filesystem is None:
+            source = _local(uri)
+
+            def copy() -> list[FileEntry]:
+                return local.copy_tree(source, local_dir) if os.path.isdir(source) else []
+
+            return local.run_with_deadline(copy, timeout_s, f"copying {uri}")
+        if not is_s3(self.filesystem):
+            return None
+        fs = self.filesystem
+        base = fs._strip_protocol(uri).rstrip("/")
+
+        async def fetch() -> list[FileEntry]:
+            fs.invalidate_cache(base)
+            found = await fs._find(base, detail=True)
+            targets = _targets(base, list(found), local_dir)
+            files = [(path, int(found[path]["size"]), target) for path, target in targets]
+            described = await self._s3().download_tree(files)
+            return [
+                FileEntry(path[len(base) + 1 :], size, digest)
+                for (path, _, _), (size, digest) in zip(files, described, strict=True)
+            ]
+
+        entries: list[FileEntry] = self._run_async(fetch, timeout_s, f"downloading {uri}")
+        return entries
 
     def delete(self, uri: str, *, timeout_s: float) -> None:
         if self.filesystem is None:
             path = _local(uri)
-            if os.path.isdir(path) and not os.path.islink(path):
-                with contextlib.suppress(FileNotFoundError):
-                    shutil.rmtree(path)
-            elif os.path.lexists(path):
-                os.remove(path)
+            local.run_with_deadline(lambda: local.remove(path), timeout_s, f"deleting {uri}")
             return
         fs = self.filesystem
         base = fs._strip_protocol(uri).rstrip("/")
@@ -120,6 +169,8 @@ class FsspecSyncClient(SyncClient):
                 if found:
                     await fs._rm(found)
                     await _remove_folder_entries(fs, base, found)
+                if is_s3(fs) and "/" in base:
+                    await self._s3().abort_open_uploads(base)
                 fs.invalidate_cache(base)
 
             self._run_async(remove, timeout_s, f"deleting {uri}")
@@ -130,14 +181,16 @@ class FsspecSyncClient(SyncClient):
                     fs.rm(base, recursive=True)
                 fs.invalidate_cache(base)
 
-            self._run_blocking(remove_blocking, timeout_s, uri)
+            local.run_with_deadline(remove_blocking, timeout_s, f"deleting {uri}")
 
     # -- small files --------------------------------------------------------------------------------------------
 
     def list_names(self, uri: str, *, timeout_s: float) -> list[str]:
         if self.filesystem is None:
             path = _local(uri)
-            return sorted(os.listdir(path)) if os.path.isdir(path) else []
+            return local.run_with_deadline(
+                lambda: sorted(os.listdir(path)) if os.path.isdir(path) else [], timeout_s, f"listing {uri}"
+            )
         fs = self.filesystem
         base = fs._strip_protocol(uri).rstrip("/")
 
@@ -159,22 +212,40 @@ class FsspecSyncClient(SyncClient):
             fs.invalidate_cache(base)
             return names(fs.ls(base, detail=False)) if fs.exists(base) else []
 
-        return self._run_blocking(listing_blocking, timeout_s, uri)
+        return local.run_with_deadline(listing_blocking, timeout_s, f"listing {uri}")
 
     def read_bytes(self, uri: str, *, timeout_s: float) -> bytes:
         if self.filesystem is None:
-            with open(_local(uri), "rb") as reader:
-                return reader.read()
+            return local.run_with_deadline(lambda: _read_local(_local(uri)), timeout_s, f"reading {uri}")
         fs = self.filesystem
         path = fs._strip_protocol(uri)
         if self._is_async:
             data: bytes = self._run_async(lambda: fs._cat_file(path), timeout_s, f"reading {uri}")
             return data
-        return bytes(self._run_blocking(lambda: fs.cat_file(path), timeout_s, uri))
+        return bytes(local.run_with_deadline(lambda: fs.cat_file(path), timeout_s, f"reading {uri}"))
+
+    def read_many(self, uris: list[str], *, timeout_s: float) -> dict[str, bytes | None]:
+        """Several small files at once (``max_concurrency`` in flight on async filesystems)."""
+        if not self._is_async:
+            return super().read_many(uris, timeout_s=timeout_s)
+        fs = self.filesystem
+
+        async def one(uri: str) -> bytes | None:
+            try:
+                data: bytes = await fs._cat_file(fs._strip_protocol(uri))
+                return data
+            except FileNotFoundError:
+                return None
+
+        async def all_of_them() -> list[bytes | None]:
+            return await gather_bounded([functools.partial(one, uri) for uri in uris], self.max_concurrency)
+
+        found: list[bytes | None] = self._run_async(all_of_them, timeout_s, f"reading {len(uris)} files")
+        return dict(zip(uris, found, strict=True))
 
     def write_bytes(self, uri: str, data: bytes, *, timeout_s: float) -> None:
         if self.filesystem is None:
-            _durable_write(_local(uri), data)
+            local.run_with_deadline(lambda: local.durable_write(_local(uri), data), timeout_s, f"writing {uri}")
             return
         fs = self.filesystem
         path = fs._strip_protocol(uri)
@@ -182,7 +253,7 @@ class FsspecSyncClient(SyncClient):
         if self._is_async:
             self._run_async(lambda: fs._pipe_file(path, data), timeout_s, f"writing {uri}")
         else:
-            self._run_blocking(lambda: fs.pipe_file(path, data), timeout_s, uri)
+            local.run_with_deadline(lambda: fs.pipe_file(path, data), timeout_s, f"writing {uri}")
 
     # -- deadlines ----------------------------------------------------------------------------------------------
 
@@ -190,63 +261,40 @@ class FsspecSyncClient(SyncClient):
     def _is_async(self) -> bool:
         return bool(getattr(self.filesystem, "async_impl", False))
 
+    def _s3(self) -> S3Transfer:
+        return S3Transfer(
+            self.filesystem,
+            part_size=self.part_size,
+            max_bytes_in_flight=self.max_bytes_in_flight,
+            max_concurrency=self.max_concurrency,
+        )
+
     def _run_async(self, make: Callable[[], Awaitable[T]], timeout_s: float, what: str) -> T:
         from fsspec.asyn import sync
 
-        async def bounded() -> T:
+        timed_out = []
+
+        async def bounded() -> T | None:
             try:
                 return await asyncio.wait_for(_as_coroutine(make()), timeout=max(timeout_s, 0.001))
             except TimeoutError:
-                raise StorageTimeoutError(f"Gave up {what} after its deadline of {timeout_s:.1f} s.") from None
+                timed_out.append(True)  # raised out here: fsspec turns any TimeoutError into its own
+                return None
 
-        result: T = sync(self.filesystem.loop, bounded)
-        return result
-
-    def _run_blocking(self, fn: Callable[[], T], timeout_s: float, uri: str) -> T:
-        """Synchronous filesystems cannot be cancelled: the call runs in a daemon thread that is left behind."""
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as error:
-                box["error"] = error
-
-        thread = threading.Thread(target=target, name="elastrain-durable-io", daemon=True)
-        thread.start()
-        thread.join(max(timeout_s, 0.001))
-        if thread.is_alive():
-            raise StorageTimeoutError(f"Gave up on {uri} after its deadline of {timeout_s:.1f} s.")
-        if "error" in box:
-            raise box["error"]
-        value: T = box["value"]
-        return value
+        result = sync(self.filesystem.loop, bounded)
+        if timed_out:
+            raise StorageTimeoutError(f"Gave up {what} after its deadline of {timeout_s:.1f} s.")
+        return result  # type: ignore[no-any-return]
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-async def _bounded(calls: list[Callable[[], Coroutine[Any, Any, Any]]], limit: int) -> None:
-    """Run the calls, ``limit`` at a time; the first error cancels the rest."""
-    semaphore = asyncio.Semaphore(limit)
-
-    async def one(call: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        async with semaphore:
-            await call()
-
-    tasks = [asyncio.ensure_future(one(call)) for call in calls]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
 async def _remove_folder_entries(fs: Any, base: str, files: list[str]) -> None:
     """S3 servers with real folders (SeaweedFS) keep a deleted prefix as an empty folder until its ``key/`` is
     deleted, deepest first; on plain object stores these deletes are no-ops."""
-    if not hasattr(fs, "_call_s3"):
+    if not is_s3(fs):
         return
     folders = {base}
     for path in files:
@@ -260,12 +308,18 @@ async def _remove_folder_entries(fs: Any, base: str, files: list[str]) -> None:
             await fs._call_s3("delete_object", Bucket=bucket, Key=key + "/")
 
 
-def _walk(top: str) -> list[tuple[str, str]]:
-    return sorted((root, name) for root, _, names in os.walk(top, followlinks=True) for name in names)
-
-
-def _relative(top: str, root: str, name: str) -> str:
-    return os.path.relpath(os.path.join(root, name), top)
+def _targets(base: str, found: list[str], local_dir: str) -> list[tuple[str, str]]:
+    """(object, local path) for each object under ``base``; a key that would land outside ``local_dir`` is
+    refused (a crafted ``../`` key)."""
+    pairs = []
+    root = os.path.realpath(local_dir)
+    for path in found:
+        target = os.path.realpath(os.path.join(local_dir, *path[len(base) + 1 :].split("/")))
+        if not target.startswith(root + os.sep):
+            raise ValueError(f"Refusing to download {path!r}: its key points outside the target folder.")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pairs.append((path, target))
+    return pairs
 
 
 def _local(uri: str) -> str:
@@ -275,32 +329,6 @@ def _local(uri: str) -> str:
     return uri
 
 
-def _durable_copy(source: str, target: str) -> None:
-    """Copy and fsync: a commit that follows must not outlive the data it points at."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(source, "rb") as reader, open(target, "wb") as writer:
-        shutil.copyfileobj(reader, writer, 8 << 20)
-        writer.flush()
-        os.fsync(writer.fileno())
-
-
-def _durable_write(path: str, data: bytes) -> None:
-    """Write to a temporary name, fsync, rename over, fsync the folder: readers see nothing or everything."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "wb") as writer:
-            writer.write(data)
-            writer.flush()
-            os.fsync(writer.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+def _read_local(path: str) -> bytes:
+    with open(path, "rb") as reader:
+        return reader.read()

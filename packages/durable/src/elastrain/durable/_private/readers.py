@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -27,6 +28,12 @@ _in_process: collections.Counter[tuple[str, str]] = collections.Counter()
 _in_process_lock = threading.Lock()
 
 
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    held: bool
+    problem: str  # why it could not be written
+
+
 class Readers:
     """Marks and finds checkpoints being read under one store root."""
 
@@ -39,17 +46,17 @@ class Readers:
         self.redact = secrets
 
     @contextlib.contextmanager
-    def reading(self, name: str, lease_s: float) -> Generator[None, None, None]:
+    def reading(self, name: str, lease_s: float) -> Generator[Lease, None, None]:
         key = (self.location.root, name)
         with _in_process_lock:
             _in_process[key] += 1
-        lease = self.location.join(READERS_DIR, f"{name}.{uuid.uuid4().hex}.json")
-        leased = self._write_lease(lease, lease_s)
+        uri = self.location.join(READERS_DIR, f"{name}.{uuid.uuid4().hex}.json")
+        lease = self._write_lease(uri, lease_s)
         try:
-            yield
+            yield lease
         finally:
-            if leased:
-                self._remove(lease)
+            if lease.held:
+                self._remove(uri)
             with _in_process_lock:
                 _in_process[key] -= 1
                 if _in_process[key] <= 0:
@@ -72,14 +79,19 @@ class Readers:
                 self._remove(uri)  # expired: its reader died
         return names
 
-    def _write_lease(self, uri: str, lease_s: float) -> bool:
+    def _write_lease(self, uri: str, lease_s: float) -> Lease:
         document = json.dumps({"expires_at": time.time() + lease_s}).encode()
         try:
             self.retry(lambda left: self.client.write_bytes(uri, document, timeout_s=left), "writing a reader lease")
-        except Exception as error:  # the restore itself matters more than its protection
-            logger.warning("Restoring without a reader lease (%s).", self.redact(str(error)))
-            return False
-        return True
+        except Exception as error:  # read-only credentials (evaluation jobs): restore anyway, verified
+            problem = self.redact(f"{type(error).__name__}: {error}")
+            logger.warning(
+                "Restoring without a reader lease (%s): collection by a writer may take the checkpoint meanwhile; "
+                "the restore then fails with CheckpointNotFoundError, or moves on to the latest one.",
+                problem,
+            )
+            return Lease(False, problem)
+        return Lease(True, "")
 
     def _expiry(self, uri: str) -> float | None:
         try:

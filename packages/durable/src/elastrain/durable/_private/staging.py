@@ -1,4 +1,5 @@
-"""Staging: a private copy of a checkpoint's files, taken before the upload so training can go on writing."""
+"""Staging (a private copy of a checkpoint's files, taken before the upload so training can go on writing),
+checksums, and the check of a restored folder against its manifest."""
 
 from __future__ import annotations
 
@@ -10,17 +11,15 @@ from pathlib import Path
 from typing import Literal
 
 from elastrain.durable._private.checkpoint import Checkpoint, FileEntry
-from elastrain.durable._private.errors import CheckpointCorruptedError
+from elastrain.durable._private.errors import CheckpointCorruptedError, FilesChangedError
+from elastrain.durable._private.files import walk_files
 
 StagingMode = Literal["copy", "link", "move"]
 STAGING_MODES = ("copy", "link", "move")
 _CHUNK = 8 << 20
 _HASH_THREADS = 4
-
-
-def list_files(local_dir: Path) -> list[Path]:
-    """Every file under ``local_dir`` (symlinks followed), sorted; empty folders have nothing to keep."""
-    return sorted(path for path in local_dir.rglob("*") if path.is_file())
+# What changes when a file is rewritten in place (the inode stays; size or times move).
+FileStamp = tuple[int, int, int, int]
 
 
 def stage(local_dir: Path, staged_dir: Path, mode: StagingMode) -> None:
@@ -32,14 +31,15 @@ def stage(local_dir: Path, staged_dir: Path, mode: StagingMode) -> None:
     and falls back to copying across filesystems. ``move`` hands the folder over.
     """
     if mode == "move":
+        walk_files(local_dir)  # refuse what the upload would refuse before the folder is handed over
         shutil.move(str(local_dir), str(staged_dir))
         return
-    for source in list_files(local_dir):
-        target = staged_dir / source.relative_to(local_dir)
+    for source, relative in walk_files(local_dir):
+        target = staged_dir / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if mode == "link":
             try:
-                os.link(source, target)
+                os.link(source, target)  # follows a symbolic link: the file it names is linked
                 continue
             except OSError:
                 pass  # another filesystem, or links not allowed: copy
@@ -48,46 +48,60 @@ def stage(local_dir: Path, staged_dir: Path, mode: StagingMode) -> None:
 
 def describe(local_dir: Path) -> list[FileEntry]:
     """Sizes and SHA-256 of every file under ``local_dir`` (hashed in parallel: hashlib releases the GIL)."""
-    paths = list_files(local_dir)
+    pairs = walk_files(local_dir)
     with concurrent.futures.ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="elastrain-hash") as pool:
-        digests = list(pool.map(hash_file, paths))
-    return [_describe(local_dir, path, digest) for path, digest in zip(paths, digests, strict=True)]
+        described = list(pool.map(_size_and_hash, [path for path, _ in pairs]))
+    return [FileEntry(relative, size, digest) for (_, relative), (size, digest) in zip(pairs, described, strict=True)]
 
 
-def hash_file(path: Path) -> str:
+def stamps(local_dir: Path) -> dict[str, FileStamp]:
+    """Each file's inode, size and change times: compared after an upload from files the caller still owns."""
+    found = {}
+    for path, relative in walk_files(local_dir):
+        info = os.stat(path)
+        found[relative] = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return found
+
+
+def check_unchanged(local_dir: Path, before: dict[str, FileStamp]) -> None:
+    after = stamps(local_dir)
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    if changed:
+        raise FilesChangedError(
+            f"{len(changed)} file(s) changed while they were being uploaded, e.g. {changed[0]!r}; nothing was "
+            "committed. With staging='link' the files must not be rewritten in place until the save's future is "
+            "done: use staging='copy' (the default) to keep writing at once."
+        )
+
+
+def _size_and_hash(path: str) -> tuple[int, str]:
     digest = hashlib.sha256()
+    size = 0
     with open(path, "rb") as reader:
         while chunk := reader.read(_CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
-def _describe(root: Path, path: Path, sha256: str) -> FileEntry:
-    return FileEntry(path.relative_to(root).as_posix(), path.stat().st_size, sha256)
+def verify_folder(folder: Path, checkpoint: Checkpoint, observed: list[FileEntry] | None = None) -> None:
+    """Check a downloaded folder against its manifest; files the manifest does not name are removed.
 
-
-def verify_folder(folder: Path, checkpoint: Checkpoint) -> None:
-    """Check a downloaded folder against its manifest; files the manifest does not name are removed."""
+    ``observed``: sizes and checksums taken while the files were downloaded; without them the folder is read.
+    """
     expected = {entry.path: entry for entry in checkpoint.files}
-    found: list[tuple[Path, FileEntry]] = []
-    for path in list_files(folder):
-        relative = path.relative_to(folder).as_posix()
-        entry = expected.pop(relative, None)
-        if entry is None:
-            path.unlink()  # not part of the checkpoint: the restored folder holds exactly its files
+    for entry in describe(folder) if observed is None else observed:
+        wanted = expected.pop(entry.path, None)
+        if wanted is None:
+            (folder / entry.path).unlink()  # not part of the checkpoint: the restored folder holds exactly its files
             continue
-        size = path.stat().st_size
-        if size != entry.size:
+        if entry.size != wanted.size:
             raise CheckpointCorruptedError(
-                f"{checkpoint.uri} is corrupted: {relative} has {size} bytes, its manifest says {entry.size}."
+                f"{checkpoint.uri} is corrupted: {entry.path} has {entry.size} bytes, its manifest says {wanted.size}."
             )
-        found.append((path, entry))
+        if entry.sha256 != wanted.sha256:
+            raise CheckpointCorruptedError(f"{checkpoint.uri} is corrupted: {entry.path} fails its SHA-256 check.")
     if expected:
         raise CheckpointCorruptedError(
             f"{checkpoint.uri} is corrupted: {len(expected)} file(s) missing, e.g. {sorted(expected)[0]}."
         )
-    with concurrent.futures.ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="elastrain-hash") as pool:
-        digests = list(pool.map(hash_file, [path for path, _ in found]))
-    for (_, entry), digest in zip(found, digests, strict=True):
-        if digest != entry.sha256:
-            raise CheckpointCorruptedError(f"{checkpoint.uri} is corrupted: {entry.path} fails its SHA-256 check.")

@@ -7,7 +7,9 @@ Layout under the store's URI::
 
 A checkpoint exists (is listed, can be restored) only once its manifest is there; garbage collection removes the
 manifest first and the files after, so a listed checkpoint always has all its files. Folders without a manifest
-are unfinished uploads, removed by a later collection. One store writes to a URI at a time; any number read.
+are unfinished uploads, removed by a later collection. Any number of stores read a URI. Writers are fenced by
+step: a save whose step is below one already committed is refused (``StaleCheckpointError``), and checkpoints
+are ordered by step, so a late copy from a former writer never becomes latest nor pushes newer ones out.
 """
 
 from __future__ import annotations
@@ -27,15 +29,30 @@ from pathlib import Path
 from typing import Any
 
 from elastrain.durable._private import checkpoint as ckpt
-from elastrain.durable._private.checkpoint import Checkpoint
+from elastrain.durable._private.checkpoint import Checkpoint, FileEntry
 from elastrain.durable._private.checks import check_options, check_writable
 from elastrain.durable._private.collection import Collector
-from elastrain.durable._private.errors import CheckpointCorruptedError, CheckpointNotFoundError
+from elastrain.durable._private.errors import (
+    CheckpointCorruptedError,
+    CheckpointNotFoundError,
+    StaleCheckpointError,
+    StorageError,
+    StorageTimeoutError,
+)
+from elastrain.durable._private.fsspec_client import FsspecSyncClient
 from elastrain.durable._private.futures import CheckpointFuture
 from elastrain.durable._private.location import import_backend, parse_location, redact, secret_values
 from elastrain.durable._private.readers import Readers
 from elastrain.durable._private.retry import with_retries
-from elastrain.durable._private.staging import STAGING_MODES, StagingMode, describe, stage, verify_folder
+from elastrain.durable._private.staging import (
+    STAGING_MODES,
+    StagingMode,
+    check_unchanged,
+    describe,
+    stage,
+    stamps,
+    verify_folder,
+)
 from elastrain.durable._private.sync_client import SyncClient
 
 logger = logging.getLogger("elastrain.durable")
@@ -44,6 +61,12 @@ logger = logging.getLogger("elastrain.durable")
 _LEASE_MARGIN_S = 300.0
 # Reading manifests is a small, quick operation: it gets its own deadline.
 _METADATA_TIMEOUT_S = 120.0
+# restore() of the latest checkpoint looks again this often when collection takes the one it chose.
+_LATEST_ATTEMPTS = 3
+
+
+class _CollectedWhileRestoringError(CheckpointNotFoundError):
+    """The checkpoint being restored was collected meanwhile (only possible without a reader lease)."""
 
 
 class CheckpointStore:
@@ -175,7 +198,7 @@ class CheckpointStore:
                     shutil.rmtree(staged, ignore_errors=True)
                     raise
             # Naming and hashing happen in the upload thread: saving never waits on storage or checksums.
-            upload = self._uploads.submit(self._upload_and_commit, staged, owned, step, metrics)
+            upload = self._uploads.submit(self._upload_and_commit, staged, owned, step, metrics, staging)
             self._pending = CheckpointFuture(upload)
             # Collection runs after the commit, in the same thread: the commit's future does not wait for it.
             self._collection = self._uploads.submit(self._collect_after, upload)
@@ -195,34 +218,32 @@ class CheckpointStore:
         """
         return await asyncio.to_thread(self.save_async, local_dir, metrics=metrics, step=step, staging=staging)
 
-    def _upload_and_commit(self, staged: Path, owned: bool, step: int | None, metrics: dict[str, Any]) -> Checkpoint:
-        # Checksums are computed while the files upload (both read the same pages; hashlib releases the GIL).
-        hashing = self._hashing.submit(describe, staged)
+    def _upload_and_commit(
+        self, staged: Path, owned: bool, step: int | None, metrics: dict[str, Any], staging: StagingMode | None
+    ) -> Checkpoint:
+        # One deadline for the whole save: its upload marker promises collection no more than that.
+        deadline = time.monotonic() + self.timeout_s
+        name = ""
         try:
-            name = ""
-            sequence = self._allocate_sequence()
+            self._fence(step, deadline)
+            sequence = self._allocate_sequence(deadline)
             name = ckpt.new_name(sequence)
-            self._collector.mark_pending(name, self.timeout_s)
-            data_uri = self.location.join(name)
-            self._retry(
-                lambda left: self.client.upload(str(staged), data_uri, timeout_s=left),
-                f"uploading {self.location.display_join(name)}",
-            )
-            files = hashing.result()
-            created_at = time.time()
+            self._collector.mark_pending(name, self.timeout_s, deadline)
+            files = self._upload(staged, name, staging, deadline)
+            self._fence(step, deadline, uploaded=name)  # again: another writer may have committed meanwhile
             manifest = ckpt.encode_manifest(
-                name=name, sequence=sequence, step=step, metrics=metrics, created_at=created_at, files=files
+                name=name, sequence=sequence, step=step, metrics=metrics, created_at=time.time(), files=files
             )
             self._retry(
                 lambda left: self.client.write_bytes(self._manifest_uri(name), manifest, timeout_s=left),
                 f"committing {self.location.display_join(name)}",
+                deadline=deadline,
             )
         except BaseException:
             if name:
                 self._failed_uploads.add(name)  # collected by the next commit's collection
             raise
         finally:
-            concurrent.futures.wait([hashing])
             if owned:
                 shutil.rmtree(staged, ignore_errors=True)
         self._collector.clear_pending(name)
@@ -232,21 +253,74 @@ class CheckpointStore:
         logger.info("Committed %s (%d files, %d bytes).", checkpoint.uri, len(files), checkpoint.total_bytes)
         return checkpoint
 
+    def _upload(self, staged: Path, name: str, staging: StagingMode | None, deadline: float) -> list[FileEntry]:
+        """Upload ``staged`` under ``name``; the manifest's entries describe the bytes that were uploaded."""
+        data_uri = self.location.join(name)
+        what = f"uploading {self.location.display_join(name)}"
+        if isinstance(self.client, FsspecSyncClient):
+            # Checksums of the bytes as they are sent: a file rewritten meanwhile cannot mismatch its manifest.
+            client = self.client
+            described = self._retry(
+                lambda left: client._upload_described(str(staged), data_uri, timeout_s=left), what, deadline=deadline
+            )
+            if described is not None:
+                return list(described)
+        # Other clients read the files themselves: checksum first and check afterwards that nothing changed
+        # where the files are not a private copy; otherwise checksum while uploading (both read the same pages).
+        if staging != "copy" and staging != "move":
+            before = stamps(staged)
+            files = describe(staged)
+            self._retry(lambda left: self.client.upload(str(staged), data_uri, timeout_s=left), what, deadline=deadline)
+            check_unchanged(staged, before)
+            return files
+        hashing = self._hashing.submit(describe, staged)
+        try:
+            self._retry(lambda left: self.client.upload(str(staged), data_uri, timeout_s=left), what, deadline=deadline)
+            return hashing.result(timeout=max(deadline - time.monotonic(), 0.001))
+        finally:
+            concurrent.futures.wait([hashing], timeout=max(deadline - time.monotonic(), 0.001))
+
+    def _fence(self, step: int | None, deadline: float, uploaded: str = "") -> None:
+        """Refuse to commit a step older than one already committed (a former writer's late copy)."""
+        if step is None:
+            return
+        newer = [c.step for c in self._committed(deadline=deadline) if c.step is not None and c.step > step]
+        if not newer:
+            return
+        if uploaded:
+            self._delete_quietly(uploaded, deadline)
+        raise StaleCheckpointError(
+            f"Not committing step {step} to {self.location.display}: step {max(newer)} is already committed there "
+            "(another writer has moved on, as a new rank 0 does after an elastic reset). Checkpoints are ordered "
+            "by step; save with a step at least as high as the latest one's."
+        )
+
+    def _delete_quietly(self, name: str, deadline: float) -> None:
+        try:
+            self._retry(
+                lambda left: self.client.delete(self.location.join(name), timeout_s=left),
+                f"removing {self.location.display_join(name)}",
+                deadline=deadline,
+            )
+            self._collector.clear_pending(name)
+        except Exception as error:  # its marker stays: collection removes it after the deadline
+            logger.info("Could not remove the refused upload %s yet (%s).", name, type(error).__name__)
+
     def _collect_after(self, upload: concurrent.futures.Future[Checkpoint]) -> None:
         if upload.exception() is None:
             self._collect_garbage(upload.result().sequence)
 
-    def _allocate_sequence(self) -> int:
+    def _allocate_sequence(self, deadline: float) -> int:
         """Above everything in the store, looked up at every save: another writer may have taken over meanwhile
         (elastic state persisted by whichever worker is rank 0)."""
-        sequence = max(self._collector.highest_sequence() + 1, self._next_sequence or 0)
+        sequence = max(self._collector.highest_sequence(deadline) + 1, self._next_sequence or 0)
         self._next_sequence = sequence + 1
         return sequence
 
     # -- reading ---------------------------------------------------------------------------------------------
 
     def list(self) -> builtins.list[Checkpoint]:
-        """Committed checkpoints, oldest first (ones due for collection already left out)."""
+        """Committed checkpoints, oldest first: by step, then by commit (ones due for collection left out)."""
         committed = self._committed()
         if self.num_to_keep is None:
             return committed
@@ -264,7 +338,7 @@ class CheckpointStore:
         checkpoints = self.list()
         if not checkpoints:
             return None
-        return max(checkpoints, key=lambda c: (ckpt.score_key(c, attribute, order), c.sequence))
+        return max(checkpoints, key=lambda c: (ckpt.score_key(c, attribute, order), ckpt.order_key(c)))
 
     def restore(
         self,
@@ -282,17 +356,36 @@ class CheckpointStore:
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise FileExistsError(f"restore writes into a new or empty folder; {str(target)!r} is not empty.")
         check_writable(str(target.parent), "the folder to restore into")
-        candidates = self._restore_candidates(checkpoint, fallback)
+        for attempt in range(_LATEST_ATTEMPTS):
+            try:
+                return self._restore_first(self._restore_candidates(checkpoint, fallback), target)
+            except _CollectedWhileRestoringError as error:
+                if checkpoint is not None or attempt + 1 == _LATEST_ATTEMPTS:
+                    raise
+                logger.warning("%s; restoring the latest checkpoint now.", error)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _restore_first(self, candidates: builtins.list[Checkpoint], target: Path) -> Checkpoint:
+        """Restore the first candidate that is intact; the next ones are fallbacks for a corrupted one."""
         for index, candidate in enumerate(candidates):
             try:
-                with self._readers.reading(candidate.name, lease_s=self.timeout_s + _LEASE_MARGIN_S):
+                with self._readers.reading(candidate.name, lease_s=self.timeout_s + _LEASE_MARGIN_S) as lease:
                     # Look again now that the lease is there: collection may have taken it just before.
                     if self._read_manifest(candidate.name) is None:
-                        raise CheckpointNotFoundError(
+                        raise _CollectedWhileRestoringError(
                             f"{candidate.uri} was collected while the restore began; committed now: "
                             f"{', '.join(c.name for c in self.list()) or 'none'}."
                         )
-                    self._restore_one(candidate, target)
+                    try:
+                        self._restore_one(candidate, target)
+                    except (CheckpointCorruptedError, FileNotFoundError, StorageError) as error:
+                        # Without a lease, collection may delete the files mid-download: say so, not "corrupted".
+                        if lease.held or self._read_manifest(candidate.name) is not None:
+                            raise
+                        raise _CollectedWhileRestoringError(
+                            f"{candidate.uri} was collected while it was being restored without a reader lease "
+                            f"({lease.problem}); the files read were discarded ({type(error).__name__})."
+                        ) from None
                 return candidate
             except CheckpointNotFoundError:
                 if index + 1 == len(candidates):
@@ -340,7 +433,7 @@ class CheckpointStore:
             chosen = matches[0]
         if not fallback:
             return [chosen]
-        return [chosen] + [c for c in reversed(committed) if c.sequence < chosen.sequence]
+        return [chosen] + [c for c in reversed(committed) if ckpt.order_key(c) < ckpt.order_key(chosen)]
 
     def _restore_one(self, checkpoint: Checkpoint, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -348,11 +441,15 @@ class CheckpointStore:
         scratch.mkdir()
         try:
             data_uri = self.location.join(checkpoint.name)
-            self._retry(
-                lambda left: self.client.download(data_uri, str(scratch), timeout_s=left),
-                f"downloading {checkpoint.uri}",
-            )
-            verify_folder(scratch, checkpoint)
+            what = f"downloading {checkpoint.uri}"
+            observed = None
+            if isinstance(self.client, FsspecSyncClient):  # checksums while the bytes arrive: no second read
+                observed = self._retry(
+                    lambda left: self.client._download_described(data_uri, str(scratch), timeout_s=left), what
+                )
+            if observed is None:
+                self._retry(lambda left: self.client.download(data_uri, str(scratch), timeout_s=left), what)
+            verify_folder(scratch, checkpoint, observed)
             if target.exists():
                 target.rmdir()
             os.replace(scratch, target)
@@ -396,37 +493,58 @@ class CheckpointStore:
     # -- garbage collection ------------------------------------------------------------------------------------
 
     def _collect_garbage(self, committed_sequence: int) -> None:
-        """Delete what the keep rules drop, then abandoned uploads. Never raises: the next commit retries."""
+        """Delete what the keep rules drop, then abandoned uploads. Never raises: the next commit retries.
+
+        The store's root and the upload markers are listed before the manifests: a checkpoint committed while
+        collection looks is then either seen with its marker (an upload in progress, left alone) or with its
+        manifest, never as a folder with neither.
+        """
         try:
             doomed: builtins.list[str] = []
-            listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR))  # one listing for the whole pass
+            root = self._collector.list_root()
+            markers = self._collector.list_markers()
+            listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR))
             if self.num_to_keep is not None:
                 committed = self._committed(listed)
                 keep = ckpt.checkpoints_to_keep(committed, self.num_to_keep, self.score_attribute, self.score_order)
                 kept = {c.name for c in keep}
                 doomed = [c.name for c in committed if c.name not in kept]
-            self._collector.collect(doomed, committed_sequence, self._failed_uploads, set(listed))
+            self._collector.collect(doomed, committed_sequence, self._failed_uploads, set(listed), markers, root)
         except Exception as error:
             logger.warning("Garbage collection under %s failed: %s", self.location.display, self._redact(str(error)))
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
-    def _committed(self, listed: builtins.list[str] | None = None) -> builtins.list[Checkpoint]:
-        """Committed checkpoints, from ``listed`` (the names under ``_manifests``) or a fresh listing."""
+    def _committed(
+        self, listed: builtins.list[str] | None = None, *, deadline: float | None = None
+    ) -> builtins.list[Checkpoint]:
+        """Committed checkpoints, from ``listed`` (the names under ``_manifests``) or a fresh listing, oldest first.
+
+        Manifests not seen before are read in one batch (a new process may find hundreds).
+        """
         if listed is None:
-            listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR))
+            listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR), deadline=deadline)
         names = [n for n in listed if ckpt.sequence_of(n)]
-        found = []
-        for name in names:
-            checkpoint = self._manifests.get(name) or self._read_manifest(name)
-            if checkpoint is not None:
-                with self._manifest_lock:
-                    self._manifests[name] = checkpoint
-                found.append(checkpoint)
         with self._manifest_lock:
+            known = {name: self._manifests[name] for name in names if name in self._manifests}
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            uris = {self._manifest_uri(name): name for name in unknown}
+            found = self._retry(
+                lambda left: self.client.read_many(list(uris), timeout_s=left),
+                f"reading {len(uris)} manifests",
+                timeout_s=_METADATA_TIMEOUT_S,
+                deadline=deadline,
+            )
+            for uri, data in found.items():
+                checkpoint = None if data is None else self._decode(data, uris[uri])
+                if checkpoint is not None:
+                    known[checkpoint.name] = checkpoint
+        with self._manifest_lock:
+            self._manifests.update(known)
             for gone in set(self._manifests) - set(names):
                 self._manifests.pop(gone, None)
-        return sorted(found, key=lambda c: c.sequence)
+        return sorted(known.values(), key=ckpt.order_key)
 
     def _read_manifest(self, name: str) -> Checkpoint | None:
         try:
@@ -435,27 +553,39 @@ class CheckpointStore:
                 f"reading the manifest of {name}",
                 timeout_s=_METADATA_TIMEOUT_S,
             )
-            return ckpt.decode_manifest(data, self.location.display_join(name))
         except FileNotFoundError:
             return None  # collected between the listing and the read
+        return self._decode(data, name)
+
+    def _decode(self, data: bytes, name: str) -> Checkpoint | None:
+        try:
+            return ckpt.decode_manifest(data, self.location.display_join(name))
         except (ValueError, KeyError, TypeError) as error:
             logger.warning("Ignoring %s: its manifest is unreadable (%s).", self.location.display_join(name), error)
             return None
 
-    def _list_names(self, uri: str) -> builtins.list[str]:
+    def _list_names(self, uri: str, *, deadline: float | None = None) -> builtins.list[str]:
         names: builtins.list[str] = self._retry(
             lambda left: self.client.list_names(uri, timeout_s=left),
             "listing checkpoints",
             timeout_s=_METADATA_TIMEOUT_S,
+            deadline=deadline,
         )
         return names
 
     def _manifest_uri(self, name: str) -> str:
         return self.location.join(ckpt.MANIFEST_DIR, name, ckpt.MANIFEST_FILE)
 
-    def _retry(self, operation: Any, what: str, timeout_s: float | None = None) -> Any:
-        deadline = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
-        return with_retries(operation, what=what, timeout_s=deadline, retries=self.retries, secrets=self._secrets)
+    def _retry(self, operation: Any, what: str, timeout_s: float | None = None, deadline: float | None = None) -> Any:
+        """``operation(time_left)`` with retries, within ``timeout_s`` (default the store's) and, when given, the
+        ``deadline`` (a ``time.monotonic()`` value) of the save it is part of."""
+        budget = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StorageTimeoutError(f"Gave up {what}: the save's deadline of {self.timeout_s:.1f} s passed.")
+            budget = min(budget, left)
+        return with_retries(operation, what=what, timeout_s=budget, retries=self.retries, secrets=self._secrets)
 
     def _staging(self) -> str:
         if self._staging_root is None:
@@ -473,8 +603,6 @@ class CheckpointStore:
 
 
 def _default_client(location: Any, storage_options: Mapping[str, Any] | None) -> SyncClient:
-    from elastrain.durable._private.fsspec_client import FsspecSyncClient
-
     if location.is_local:
         if storage_options:
             raise ValueError("storage_options are for remote storage; a local folder takes none.")

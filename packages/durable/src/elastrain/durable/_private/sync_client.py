@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import posixpath
 import tempfile
+import time
 from abc import ABC, abstractmethod
+
+from elastrain.durable._private.errors import StorageTimeoutError
 
 
 class SyncClient(ABC):
@@ -50,6 +53,21 @@ class SyncClient(ABC):
                 raise FileNotFoundError(uri)
             with open(path, "rb") as reader:
                 return reader.read()
+
+    def read_many(self, uris: list[str], *, timeout_s: float) -> dict[str, bytes | None]:
+        """Several small files (manifests) at once: each one's content, or None where it is absent. The default
+        reads them one by one within the one deadline; clients that can, read them concurrently."""
+        deadline = time.monotonic() + timeout_s
+        found: dict[str, bytes | None] = {}
+        for uri in uris:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StorageTimeoutError(f"Gave up reading {len(uris)} files after {timeout_s:.1f} s.")
+            try:
+                found[uri] = self.read_bytes(uri, timeout_s=left)
+            except FileNotFoundError:
+                found[uri] = None
+        return found
 
     def write_bytes(self, uri: str, data: bytes, *, timeout_s: float) -> None:
         """Write the file ``uri``. Readers must see either nothing or the whole file (manifests rely on it)."""

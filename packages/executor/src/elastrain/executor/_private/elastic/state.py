@@ -61,7 +61,8 @@ class State:
         committed state yet (a fresh job, or every worker holding it was lost), the workers load the latest
         persisted state instead of starting over (``persistence.latest()`` names it, ``persistence.load(name)``
         returns ``(snapshot, commits)``); when the training function returns, ``persistence.flush()`` waits for
-        the upload in flight.
+        the upload in flight. If it has a ``rank_changed(rank)`` method, every worker calls it at each reset, so a
+        former rank 0 can drop copies it still had queued.
         """
         for method in ("committed", "latest", "load", "flush"):
             if not callable(getattr(persistence, method, None)):
@@ -125,8 +126,11 @@ class State:
     def _synchronize(self, *, skip_sync: bool = False) -> None:
         """Make every member of the new world hold one state; the commit count changes only once that worked."""
         book = self._book
-        source, best, skip = runtime.commit_counts(book.commits, skip_sync)
         persistence = book.persistence
+        rank_changed = getattr(persistence, "rank_changed", None)
+        if callable(rank_changed):
+            rank_changed(runtime.rank())
+        source, best, skip = runtime.commit_counts(book.commits, skip_sync)
         if best == 0 and persistence is not None:
             name = broadcast_object(persistence.latest() if runtime.rank() == source else None, source)
             if name is not None:
