@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import threading
-from pathlib import Path
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -137,32 +137,6 @@ def test_retention_keeps_running_runs() -> None:
     assert min(int(r["id"][3:]) for r in runs if r["id"] != "id-0") == 21
 
 
-def test_killed_actor_comes_back_with_its_runs(tmp_path: Path) -> None:
-    import ray
-
-    actor = get_or_create_state_actor(snapshot_uri=str(tmp_path / "state"), snapshot_interval_s=0.2)
-    ray.get([actor.register_run.remote(run_doc(index, "FINISHED")) for index in range(30)], timeout=60)
-    wait_until(lambda: (tmp_path / "state" / "runs.json").exists(), timeout_s=30, what="the first snapshot")
-    ray.get(actor.flush.remote(), timeout=30)
-    pid = ray.get(actor.info.remote(), timeout=30)["pid"]
-    ray.kill(actor, no_restart=False)  # as if it crashed: Ray restarts it
-    info = wait_until(lambda: _info_if_restarted(pid), timeout_s=120, what="the state actor to restart")
-    assert info["runs"] == 30
-    assert info["persistent"]
-    assert len(all_runs(get_state_actor())) == 30
-
-
-def _info_if_restarted(old_pid: int) -> dict[str, Any] | None:
-    import ray
-
-    actor = get_state_actor()
-    try:
-        info: dict[str, Any] = ray.get(actor.info.remote(), timeout=5)
-    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-        return None
-    return info if info["pid"] != old_pid else None
-
-
 def test_tracking_without_an_actor_goes_on() -> None:
     tracker = RunTracker("untracked", create_actor=False)
     tracker.start([])
@@ -181,32 +155,129 @@ def test_a_broken_actor_never_fails_the_job() -> None:
     tracker.finish()  # the updates fail; tracking only warns
 
 
-def test_snapshot_is_written_atomically_under_load(tmp_path: Path) -> None:
-    import json
+def test_a_parent_placement_group_does_not_capture_it() -> None:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    group = placement_group([{"CPU": 0.1}])
+    ray.get(group.ready(), timeout=60)
+
+    @ray.remote(num_cpus=0.1)
+    def create() -> str:
+        actor = get_or_create_state_actor()
+        ray.get(actor.info.remote(), timeout=60)  # a captured actor would wait forever for a head node in the group
+        return str(actor._actor_id.hex())
+
+    try:
+        captured = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+        ray.get(create.options(scheduling_strategy=captured).remote(), timeout=120)
+    finally:
+        remove_placement_group(group)
+    actor = get_state_actor()
+    where = actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_placement_group_id())
+    assert ray.get(where, timeout=30) is None
+    assert ray.get(actor.info.remote(), timeout=30)["runs"] == 0  # alive after the group is gone
+
+
+def test_an_update_for_a_run_the_restarted_actor_lost_stores_it_again() -> None:
     import ray
 
-    actor = get_or_create_state_actor(snapshot_uri=str(tmp_path / "s"), snapshot_interval_s=0.05)
-    stop = threading.Event()
-    torn: list[str] = []
+    actor = get_or_create_state_actor(persist=False)  # restarts empty
+    worker = {
+        "actor_id": "a" * 32, "world_rank": 0, "local_rank": 0, "node_rank": 0, "node_id": "n" * 56,
+        "node_ip": "10.0.0.1", "hostname": "host", "pid": 1,
+    }  # fmt: skip
+    tracker = RunTracker("survivor", actor=actor, min_workers=1, max_workers=2)
+    tracker.start([worker])
+    pid = ray.get(actor.info.remote(), timeout=60)["pid"]
+    ray.kill(actor, no_restart=False)  # as if it crashed: Ray restarts it, without the run
+    wait_until(lambda: _info_if_restarted(pid), timeout_s=120, what="the state actor to restart")
+    tracker.report_metrics(step=3, loss=0.5)
+    stored = ray.get(get_state_actor().get_run.remote(tracker.run_id), timeout=30)
+    assert stored["name"] == "survivor"
+    assert stored["run_status"] == "RUNNING"
+    assert [w["actor_id"] for w in stored["workers"]] == ["a" * 32]
+    assert (stored["min_workers"], stored["max_workers"]) == (1, 2)
+    assert stored["latest_metrics"]["step"] == 3
+    tracker.fail("bad batch", rank=0)
+    stored = ray.get(get_state_actor().get_run.remote(tracker.run_id), timeout=30)
+    assert stored["run_status"] == "ERRORED"
+    assert stored["status_detail"].startswith("Rank 0 worker raised an error")
 
-    def read() -> None:
-        path = tmp_path / "s" / "runs.json"
-        while not stop.is_set():
-            if path.exists():
-                try:
-                    json.loads(path.read_bytes())
-                except ValueError as error:
-                    torn.append(str(error))
 
-    reader = threading.Thread(target=read)
-    reader.start()
+def _info_if_restarted(old_pid: int) -> dict[str, Any] | None:
+    import ray
+
+    actor = get_state_actor()
     try:
-        ray.get([actor.register_run.remote(run_doc(index, "FINISHED")) for index in range(300)], timeout=60)
-        ray.get(actor.flush.remote(), timeout=30)
-    finally:
-        stop.set()
-        reader.join(10)
-    assert not torn
-    assert len(json.loads((tmp_path / "s" / "runs.json").read_bytes())["runs"]) == 300
-    assert not [p for p in os.listdir(tmp_path / "s") if p.endswith(".tmp")]
+        info: dict[str, Any] = ray.get(actor.info.remote(), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return None
+    return info if info["pid"] != old_pid else None
+
+
+def test_a_run_whose_controller_died_is_aborted_and_then_retained_like_any() -> None:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Controller:
+        def ready(self) -> bool:
+            return True
+
+    actor = get_or_create_state_actor(max_runs=5, driver_check_interval_s=0.2)
+    controller = Controller.remote()
+    ray.get(controller.ready.remote(), timeout=60)
+    run = {**run_doc(0), "controller_actor_id": controller._actor_id.hex()}
+    ray.get(actor.register_run.remote(run), timeout=30)
+    ray.get([actor.register_run.remote(run_doc(index, "FINISHED")) for index in range(1, 5)], timeout=30)
+    ray.kill(controller)
+    aborted = wait_until(
+        lambda: _with_status(actor, "id-0", "ABORTED"), timeout_s=60, what="the abandoned run to be ABORTED"
+    )
+    assert "controller actor is dead" in aborted["status_detail"]
+    assert aborted["end_time_ms"] >= aborted["start_time_ms"]
+    # ABORTED, it is the oldest finished run: the next run pushes it out.
+    ray.get(actor.register_run.remote(run_doc(5, "FINISHED")), timeout=30)
+    assert ray.get(actor.get_run.remote("id-0"), timeout=30) is None
+    assert ray.get(actor.info.remote(), timeout=30)["runs"] == 5
+
+
+def _with_status(actor: Any, run_id: str, status: str) -> dict[str, Any] | None:
+    import ray
+
+    run: dict[str, Any] | None = ray.get(actor.get_run.remote(run_id), timeout=30)
+    return run if run is not None and run["run_status"] == status else None
+
+
+ORPHANING_DRIVER = textwrap.dedent(
+    """
+    import os, sys
+    import ray
+    from elastrain.state import RunTracker, get_state_actor
+
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    actor = get_state_actor()
+    tracker = RunTracker("orphaned", actor=actor)
+    tracker.start([])
+    ray.get(actor.get_run.remote(tracker.run_id), timeout=60)  # same caller, same handle: the run has landed
+    print(tracker.run_id, flush=True)
+    os._exit(0)  # gone, without ending the run
+    """
+)
+
+
+def test_a_run_whose_driver_exited_is_aborted() -> None:
+    import ray
+
+    actor = get_or_create_state_actor(driver_check_interval_s=0.2)
+    ray.get(actor.info.remote(), timeout=60)
+    address = ray.get_runtime_context().gcs_address
+    driver = subprocess.run(
+        [sys.executable, "-c", ORPHANING_DRIVER, address], capture_output=True, text=True, timeout=180, check=False
+    )
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    run_id = driver.stdout.split()[-1]
+    aborted = wait_until(lambda: _with_status(actor, run_id, "ABORTED"), timeout_s=60, what="the orphaned run")
+    assert "ended (its driver exited)" in aborted["status_detail"]
+    assert aborted["job_id"] != ray.get_runtime_context().get_job_id()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -10,6 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from elastrain.state import (
+    ID_MAX_CHARS,
+    NAME_MAX_CHARS,
     SCHEMA_VERSION,
     STATUS_DETAIL_MAX_CHARS,
     ActorStatus,
@@ -109,6 +112,37 @@ def test_bad_runs_are_rejected() -> None:
         run(schema_version=SCHEMA_VERSION + 1)
     with pytest.raises(ValueError, match="newer than"):
         migrate({"schema_version": SCHEMA_VERSION + 1})
+
+
+@pytest.mark.parametrize(
+    ("build", "limit"),
+    [
+        (lambda text: run(name=text), NAME_MAX_CHARS),
+        (lambda text: run(id=text), ID_MAX_CHARS),
+        (lambda text: run(job_id=text), ID_MAX_CHARS),
+        (lambda text: run(controller_actor_id=text), ID_MAX_CHARS),
+        (lambda text: worker(0, actor_id=text), ID_MAX_CHARS),
+        (lambda text: worker(0, node_id=text), ID_MAX_CHARS),
+        (lambda text: worker(0, node_ip=text), NAME_MAX_CHARS),
+        (lambda text: worker(0, hostname=text), NAME_MAX_CHARS),
+        (lambda text: worker(0, gpu_ids=(text,)), NAME_MAX_CHARS),
+        (lambda text: TrainDatasetInfo(name=text, dataset_uuid="u"), NAME_MAX_CHARS),
+        (lambda text: TrainDatasetInfo(name="d", dataset_uuid=text), ID_MAX_CHARS),
+        (lambda text: TrainDatasetInfo(name="d", dataset_uuid="u", dataset_name=text), NAME_MAX_CHARS),
+        (lambda text: RunMetrics(values={text: 1.0}), NAME_MAX_CHARS),
+    ],
+)
+def test_every_text_field_is_bounded(build: Any, limit: int) -> None:
+    build("x" * limit)  # the limit itself is fine
+    with pytest.raises(ValidationError, match=f"at most {limit}"):
+        build("x" * (limit + 1))
+
+
+def test_lists_of_text_are_bounded() -> None:
+    with pytest.raises(ValidationError, match="at most 64"):
+        worker(0, gpu_ids=tuple(str(n) for n in range(65)))
+    with pytest.raises(ValidationError, match="at most 64"):
+        run(datasets=[TrainDatasetInfo(name=f"d{n}", dataset_uuid="u") for n in range(65)])
 
 
 def test_terminal_and_final_statuses() -> None:

@@ -13,14 +13,12 @@ With this package installed, ``elastrain-executor`` records every run by itself 
 that off).
 """
 
-from elastrain.state._private.actor import (
-    DEFAULT_MAX_RUNS,
-    STATE_ACTOR_NAME,
-    STATE_ACTOR_NAMESPACE,
-    StateActor,
-)
-from elastrain.state._private.client import SNAPSHOT_URI_ENV, get_or_create_state_actor, get_state_actor
+from elastrain.state._private.actor import STATE_ACTOR_NAME, STATE_ACTOR_NAMESPACE, StateActor
+from elastrain.state._private.client import get_or_create_state_actor, get_state_actor
+from elastrain.state._private.options import DEFAULT_MAX_RUNS, SNAPSHOT_URI_ENV
 from elastrain.state._private.schemas import (
+    ID_MAX_CHARS,
+    NAME_MAX_CHARS,
     SCHEMA_VERSION,
     STATUS_DETAIL_MAX_CHARS,
     ActorStatus,
@@ -43,6 +41,8 @@ __all__ = [
     "RunMetrics",
     "SCHEMA_VERSION",
     "STATUS_DETAIL_MAX_CHARS",
+    "ID_MAX_CHARS",
+    "NAME_MAX_CHARS",
     "StateActor",
     "STATE_ACTOR_NAME",
     "STATE_ACTOR_NAMESPACE",

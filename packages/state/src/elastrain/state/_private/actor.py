@@ -1,7 +1,8 @@
-"""The state actor: one detached, named actor per cluster holding every run, optionally snapshotted.
+"""The state actor: one detached, named actor per cluster holding every run, persisted by default.
 
 Calls carry JSON-ready dicts (not model objects) so that drivers and the actor may run different pydantic
-builds; the actor validates everything it stores.
+builds; the actor validates everything it stores. Its call thread only touches memory: snapshot I/O and the
+check for abandoned runs run on their own threads, and every access to the table holds ``_lock``.
 """
 
 from __future__ import annotations
@@ -12,40 +13,61 @@ import threading
 import time
 from typing import Any
 
+from elastrain.state._private.liveness import Watch
+from elastrain.state._private.options import (
+    DEFAULT_DRIVER_CHECK_INTERVAL_S,
+    DEFAULT_IO_TIMEOUT_S,
+    DEFAULT_MAX_RUNS,
+    DEFAULT_SNAPSHOT_INTERVAL_S,
+    check_max_runs,
+    check_seconds,
+    check_snapshot_uri,
+)
+from elastrain.state._private.persistence import Persistence
 from elastrain.state._private.schemas import RunMetrics, RunStatus, TrainRunInfo, TrainWorkerInfo
-from elastrain.state._private.snapshot import Snapshots
 from elastrain.state._private.table import RunTable
 
 logger = logging.getLogger("elastrain.state")
 
 STATE_ACTOR_NAME = "elastrain_state"
 STATE_ACTOR_NAMESPACE = "elastrain"
-DEFAULT_MAX_RUNS = 10_000
-DEFAULT_SNAPSHOT_INTERVAL_S = 5.0
-# Where snapshots go when persistence is on and no URI is given (on the head node, where the actor runs).
-DEFAULT_SNAPSHOT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "elastrain", "state")
 
 
 class StateActor:
-    """Ray actor class. Changes are batched into a snapshot every ``snapshot_interval_s`` (when persisting)."""
+    """Ray actor class. ``snapshot_uri``: where to persist (a folder or fsspec URI); without one, ``persist``
+    picks the embedded default, a folder of this actor's own in the Ray session directory on its node (it
+    outlives the actor's restarts; a new actor or a new cluster starts empty)."""
 
     def __init__(
         self,
         max_runs: int = DEFAULT_MAX_RUNS,
         snapshot_uri: str | None = None,
         snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S,
+        *,
+        persist: bool = True,
+        io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
+        driver_check_interval_s: float = DEFAULT_DRIVER_CHECK_INTERVAL_S,
     ) -> None:
-        self.table = RunTable(max_runs)
+        self.table = RunTable(check_max_runs(max_runs), on_evict=self._evicted)
+        interval = check_seconds("snapshot_interval_s", snapshot_interval_s)
+        timeout = check_seconds("io_timeout_s", io_timeout_s)
+        check_interval = check_seconds("driver_check_interval_s", driver_check_interval_s)
         self._lock = threading.Lock()
-        self._write_lock = threading.Lock()  # one snapshot write at a time, so an older one never lands last
-        self._dirty = False
-        self._snapshots = Snapshots(snapshot_uri) if snapshot_uri else None
-        self._interval = snapshot_interval_s
         self.started_at = time.time()
-        if self._snapshots is not None:
-            for run in self._snapshots.load():
-                self.table.put(run)
-            threading.Thread(target=self._snapshot_loop, name="elastrain-state-snapshots", daemon=True).start()
+        uri = check_snapshot_uri(snapshot_uri) if snapshot_uri is not None else None
+        if uri is None and persist:
+            uri = _embedded_folder()
+        self._persistence: Persistence | None = None
+        if uri is not None:
+            self._persistence = Persistence(
+                uri,
+                interval_s=interval,
+                timeout_s=timeout,
+                documents=self._documents,
+                all_documents=self._all_documents,
+                restore=self._restore,
+            )
+        self._watch = Watch(check_interval, self._live_runs, self._abort) if _in_ray() else None
 
     # -- writes ----------------------------------------------------------------------------------------------
 
@@ -59,29 +81,44 @@ class StateActor:
             return self._put(incoming)
 
     def update_workers(
-        self, run_id: str, workers: list[dict[str, Any]], world_size: int | None = None, resets: int | None = None
+        self,
+        run_id: str,
+        workers: list[dict[str, Any]],
+        world_size: int | None = None,
+        resets: int | None = None,
+        run: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
+        """``run``, in every update: the caller's whole view of the run, stored when the actor does not know the
+        run (it restarted without it): an update is never lost. None when the run is unknown and ``run`` absent."""
         parsed = tuple(TrainWorkerInfo.model_validate(worker) for worker in workers)
         changes: dict[str, Any] = {"workers": parsed, "world_size": len(parsed) if world_size is None else world_size}
         if resets is not None:
             changes["resets"] = resets
-        return self._update(run_id, changes, running=True)
+        return self._update(run_id, changes, run, running=True)
 
-    def update_metrics(self, run_id: str, step: int | None, values: dict[str, float | None]) -> dict[str, Any] | None:
+    def update_metrics(
+        self, run_id: str, step: int | None, values: dict[str, float | None], run: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         metrics = RunMetrics(step=step, values=values, time_ms=int(time.time() * 1000))
-        return self._update(run_id, {"latest_metrics": metrics})
+        return self._update(run_id, {"latest_metrics": metrics}, run)
 
     def set_status(
-        self, run_id: str, status: str, detail: str | None = None, end_time_ms: int | None = None
+        self,
+        run_id: str,
+        status: str,
+        detail: str | None = None,
+        end_time_ms: int | None = None,
+        run: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         """Move a run to ``status``; FINISHED and ERRORED are final, and nothing goes back to RUNNING after ABORTED."""
         new = RunStatus(status)
+        seed = _seed(run_id, run)
         with self._lock:
-            current = self.table.get(run_id)
+            current = self._known(run_id, seed)
             if current is None:
                 return None
             if not _may_become(current.run_status, new):
-                return current.model_dump(mode="json")
+                return self._put(current) if seed is not None and current is seed else current.model_dump(mode="json")
             changes: dict[str, Any] = {"run_status": new, "status_detail": detail}
             if new.is_terminal:
                 changes["end_time_ms"] = max(end_time_ms or int(time.time() * 1000), current.start_time_ms)
@@ -90,7 +127,8 @@ class StateActor:
     # -- reads -----------------------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        return self.table.get_data(run_id)
+        with self._lock:
+            return self.table.get_data(run_id)
 
     def list_runs(
         self,
@@ -100,66 +138,130 @@ class StateActor:
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
-        return self.table.page_data(
-            status=None if status is None else RunStatus(status), job_id=job_id, name=name, limit=limit, cursor=cursor
-        )
+        wanted = None if status is None else RunStatus(status)
+        with self._lock:
+            return self.table.page_data(status=wanted, job_id=job_id, name=name, limit=limit, cursor=cursor)
 
     def info(self) -> dict[str, Any]:
-        """Counts and snapshot facts, for health checks and the dashboard's metrics."""
+        """Counts, persistence and liveness facts, for health checks and the dashboard's metrics."""
+        with self._lock:
+            runs, by_status = len(self.table), self.table.count_by_status()
+        persistence = None if self._persistence is None else self._persistence.info()
+        last = None if persistence is None else persistence["last_write"]
         return {
-            "runs": len(self.table),
-            "by_status": self.table.count_by_status(),
+            "runs": runs,
+            "by_status": by_status,
             "max_runs": self.table.max_runs,
-            "persistent": self._snapshots is not None,
-            "last_snapshot_s": None if self._snapshots is None else self._snapshots.last_write_s,
+            "persistent": persistence is not None,
+            "last_snapshot_s": None if last is None else last["seconds"],
+            "snapshot": persistence,
+            "driver_checks": None if self._watch is None else self._watch.info(),
             "started_at": self.started_at,
             "pid": os.getpid(),
         }
 
     def flush(self) -> bool:
-        """Write the snapshot now (tests and clean shutdowns); False when not persisting."""
-        if self._snapshots is None:
+        """Write what changed now and wait for it (clean shutdowns, tests); False when not persisting. Raises
+        when the write fails or outlasts its deadline."""
+        if self._persistence is None:
             return False
-        self._write_snapshot()
+        self._persistence.flush()
         return True
 
     # -- internals -------------------------------------------------------------------------------------------
 
-    def _update(self, run_id: str, changes: dict[str, Any], running: bool = False) -> dict[str, Any] | None:
+    def _update(
+        self, run_id: str, changes: dict[str, Any], run: dict[str, Any] | None, running: bool = False
+    ) -> dict[str, Any] | None:
+        seed = _seed(run_id, run)
         with self._lock:
-            current = self.table.get(run_id)
+            current = self._known(run_id, seed)
             if current is None:
                 return None
             if running and current.run_status is RunStatus.INITIALIZING:
                 changes = {**changes, "run_status": RunStatus.RUNNING}
             return self._put(_replace(current, changes))
 
+    def _known(self, run_id: str, seed: TrainRunInfo | None) -> TrainRunInfo | None:
+        """The stored run, or else the caller's view of it (the actor restarted without it)."""
+        current = self.table.get(run_id)
+        if current is None and seed is not None:
+            logger.info("Run %s was unknown (the state actor restarted); stored again from its tracker.", run_id)
+            return seed
+        return current
+
     def _put(self, run: TrainRunInfo) -> dict[str, Any]:
         self.table.put(run)
-        self._dirty = True
+        if self._persistence is not None:
+            self._persistence.changed(run.id)
         return run.model_dump(mode="json")
 
-    def _snapshot_loop(self) -> None:
-        while True:
-            time.sleep(self._interval)
-            if self._dirty:
-                try:
-                    self._write_snapshot()
-                except Exception as error:  # the next round tries again
-                    logger.warning("Writing the state snapshot failed: %s", error)
+    def _evicted(self, run_id: str) -> None:
+        if self._persistence is not None:
+            self._persistence.removed(run_id)
 
-    def _write_snapshot(self) -> None:
-        if self._snapshots is None:
-            return
-        with self._write_lock:
-            with self._lock:
-                documents = self.table.all_documents()
-                self._dirty = False
-            try:
-                self._snapshots.write(documents)
-            except BaseException:
-                self._dirty = True  # the next round writes it again
-                raise
+    # Called from the persistence thread.
+    def _documents(self, run_ids: list[str]) -> dict[str, str | None]:
+        with self._lock:
+            return {run_id: self.table.get_json(run_id) for run_id in run_ids}
+
+    def _all_documents(self) -> list[str]:
+        with self._lock:
+            return self.table.all_documents()
+
+    def _restore(self, runs: dict[str, TrainRunInfo]) -> None:
+        """Take the loaded runs; a run updated since the restart keeps its newer data (and the stronger status)."""
+        with self._lock:
+            for run in runs.values():
+                current = self.table.get(run.id)
+                self.table.put(run if current is None else _merge_status(run, current))
+
+    # Called from the liveness thread.
+    def _live_runs(self) -> list[TrainRunInfo]:
+        with self._lock:
+            return self.table.live()
+
+    def _abort(self, run_id: str, reason: str) -> bool:
+        with self._lock:
+            current = self.table.get(run_id)
+            if current is None or current.run_status.is_terminal:
+                return False
+            logger.info("Run %s is ABORTED: %s", run_id, reason)
+            end = max(int(time.time() * 1000), current.start_time_ms)
+            self._put(_replace(current, {"run_status": RunStatus.ABORTED, "status_detail": reason, "end_time_ms": end}))
+            return True
+
+
+def _in_ray() -> bool:
+    import ray
+
+    return bool(ray.is_initialized())
+
+
+def _embedded_folder() -> str | None:
+    """This actor's folder in the Ray session directory (None outside a Ray actor: nothing to persist for)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    actor_id = ray.get_runtime_context().get_actor_id()
+    if actor_id is None:
+        return None
+    try:
+        worker: Any = ray._private.worker.global_worker
+        session = str(worker.node.get_session_dir_path())
+    except Exception:  # no node object in this process: the user's cache folder instead
+        session = os.path.join(os.path.expanduser("~"), ".cache", "elastrain")
+    return os.path.join(session, "elastrain-state", actor_id)
+
+
+def _seed(run_id: str, run: dict[str, Any] | None) -> TrainRunInfo | None:
+    if run is None:
+        return None
+    seed = TrainRunInfo.model_validate(run)
+    if seed.id != run_id:
+        raise ValueError(f"the run given with an update of {run_id!r} is run {seed.id!r}: pass the same run's view")
+    return seed
 
 
 def _may_become(current: RunStatus, new: RunStatus) -> bool:

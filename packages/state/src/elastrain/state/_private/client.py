@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from elastrain.state._private.actor import (
+from elastrain.state._private.actor import STATE_ACTOR_NAME, STATE_ACTOR_NAMESPACE, StateActor
+from elastrain.state._private.options import (
+    DEFAULT_DRIVER_CHECK_INTERVAL_S,
+    DEFAULT_IO_TIMEOUT_S,
     DEFAULT_MAX_RUNS,
-    DEFAULT_SNAPSHOT_DIR,
     DEFAULT_SNAPSHOT_INTERVAL_S,
-    STATE_ACTOR_NAME,
-    STATE_ACTOR_NAMESPACE,
-    StateActor,
+    check_max_runs,
+    check_seconds,
+    resolve_persistence,
 )
-
-# Environment: where the actor snapshots (persistence on when set; "default" picks DEFAULT_SNAPSHOT_DIR).
-SNAPSHOT_URI_ENV = "ELASTRAIN_STATE_SNAPSHOT_URI"
 
 
 def get_state_actor() -> Any | None:
@@ -34,25 +32,25 @@ def get_or_create_state_actor(
     snapshot_uri: str | None = None,
     persist: bool | None = None,
     snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S,
+    io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
+    driver_check_interval_s: float = DEFAULT_DRIVER_CHECK_INTERVAL_S,
 ) -> Any:
     """The cluster's state actor, created when absent: safe when many drivers call it at once.
 
-    Detached (it outlives the driver), restarted by Ray when it dies, on the head node, using no CPU.
-    Persistence: ``snapshot_uri`` (any fsspec URI or local folder), or ``persist=True`` for a local folder on
-    the head node; the ``ELASTRAIN_STATE_SNAPSHOT_URI`` environment variable sets the URI when neither is given.
-    The options apply when this call creates the actor; an existing actor keeps its own.
+    Detached (it outlives the driver), restarted by Ray when it dies, on the head node, using no CPU, and never
+    inside the caller's placement group. Persistence is on: to ``snapshot_uri`` (any fsspec URI or absolute
+    folder), else to the ``ELASTRAIN_STATE_SNAPSHOT_URI`` environment variable's (``default``: the embedded
+    default; ``off``: none), else to the embedded default, a folder of the actor's own on the head node that
+    outlives its restarts. ``persist=False`` turns it off. The options apply when this call creates the actor;
+    an existing actor keeps its own.
     """
     import ray
 
-    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
-        raise ValueError(f"max_runs must be a positive int, got {max_runs!r}.")
-    if not snapshot_interval_s > 0:
-        raise ValueError(f"snapshot_interval_s must be positive, got {snapshot_interval_s!r}.")
-    uri = snapshot_uri or os.environ.get(SNAPSHOT_URI_ENV) or None
-    if uri == "default" or (uri is None and persist):
-        uri = DEFAULT_SNAPSHOT_DIR
-    if persist is False:
-        uri = None
+    check_max_runs(max_runs)
+    check_seconds("snapshot_interval_s", snapshot_interval_s)
+    check_seconds("io_timeout_s", io_timeout_s)
+    check_seconds("driver_check_interval_s", driver_check_interval_s)
+    uri, persist_on = resolve_persistence(snapshot_uri, persist)
     existing = get_state_actor()
     if existing is not None:
         return existing
@@ -67,6 +65,16 @@ def get_or_create_state_actor(
             max_restarts=-1,
             max_task_retries=-1,
             resources={"node:__internal_head__": 0.001},
+            # An explicit strategy: a caller inside a placement group that captures child tasks would otherwise
+            # place the actor in its group (where it can never be scheduled, or dies with the group).
+            scheduling_strategy="DEFAULT",
         )
-        .remote(max_runs, uri, snapshot_interval_s)
+        .remote(
+            max_runs,
+            uri,
+            snapshot_interval_s,
+            persist=persist_on,
+            io_timeout_s=io_timeout_s,
+            driver_check_interval_s=driver_check_interval_s,
+        )
     )

@@ -15,6 +15,13 @@ STATUS_DETAIL_MAX_CHARS = 16_384
 _TRUNCATION_MARK = "\n... [{} characters cut] ...\n"
 # A run's latest metrics keep at most this many scalars.
 MAX_METRICS = 32
+# Every other text field is bounded too, so that one bad caller cannot bloat the actor or its snapshots:
+# identifiers (run, job, actor, node ids: Ray's are 8 to 56 characters) and names (run, dataset, metric and
+# host names, IP addresses, GPU ids). A longer value is rejected, never cut: a cut id would name something else.
+ID_MAX_CHARS = 128
+NAME_MAX_CHARS = 256
+# At most this many GPU ids per worker and datasets per run.
+MAX_LIST_ITEMS = 64
 
 
 class RunStatus(enum.StrEnum):
@@ -44,25 +51,27 @@ class _Frozen(BaseModel):
 
 
 NonNegative = Annotated[int, Field(ge=0)]
+Id = Annotated[str, Field(max_length=ID_MAX_CHARS)]
+Name = Annotated[str, Field(max_length=NAME_MAX_CHARS)]
 
 
 class TrainWorkerInfo(_Frozen):
-    actor_id: str
+    actor_id: Id
     world_rank: NonNegative
     local_rank: NonNegative
     node_rank: NonNegative
-    node_id: str
-    node_ip: str
-    hostname: str
+    node_id: Id
+    node_ip: Name
+    hostname: Name
     pid: NonNegative
-    gpu_ids: tuple[str, ...] = ()
+    gpu_ids: tuple[Name, ...] = Field(default=(), max_length=MAX_LIST_ITEMS)
     status: ActorStatus = ActorStatus.ALIVE
 
 
 class TrainDatasetInfo(_Frozen):
-    name: str
-    dataset_uuid: str
-    dataset_name: str | None = None
+    name: Name
+    dataset_uuid: Id
+    dataset_name: Name | None = None
 
 
 class RunMetrics(_Frozen):
@@ -79,6 +88,9 @@ class RunMetrics(_Frozen):
             return values
         if len(values) > MAX_METRICS:
             raise ValueError(f"at most {MAX_METRICS} metrics per update, got {len(values)}")
+        for key in values:
+            if isinstance(key, str) and len(key) > NAME_MAX_CHARS:
+                raise ValueError(f"metric name {key[:40]!r}... has {len(key)} characters; use at most {NAME_MAX_CHARS}")
         return {
             key: (None if isinstance(value, float) and not math.isfinite(value) else value)
             for key, value in values.items()
@@ -89,12 +101,12 @@ class TrainRunInfo(_Frozen):
     """One training run. ``id`` is unique per run: not a job id, and never reused when a run is restored."""
 
     schema_version: int = SCHEMA_VERSION
-    name: str
-    id: str = Field(min_length=1)
-    job_id: str
-    controller_actor_id: str | None = None
+    name: Name
+    id: Id = Field(min_length=1)
+    job_id: Id
+    controller_actor_id: Id | None = None
     workers: tuple[TrainWorkerInfo, ...] = ()
-    datasets: tuple[TrainDatasetInfo, ...] = ()
+    datasets: tuple[TrainDatasetInfo, ...] = Field(default=(), max_length=MAX_LIST_ITEMS)
     run_status: RunStatus = RunStatus.INITIALIZING
     status_detail: str | None = None
     start_time_ms: NonNegative

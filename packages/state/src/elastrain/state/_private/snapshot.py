@@ -1,70 +1,172 @@
-"""The state actor's snapshot: every run as one JSON document, replaced whole, never seen half-written.
+"""The snapshot layout: a base file holding every run, then journal segments holding the runs that changed.
 
-Local paths are written to a temporary name, fsynced and renamed; other fsspec URIs (``s3://...``) are written
-with one PUT, which object stores show only once complete.
+```
+base-0000000007.json                 {"format": "elastrain-state", "kind": "base", "generation": 7, "runs": [...]}
+journal-0000000007-00000001.json     {"kind": "journal", "generation": 7, "seq": 1, "runs": [...], "removed": [...]}
+journal-0000000007-00000002.json     ...
+```
+
+Loading reads the base of the highest generation and applies its segments in order (a later document of a run
+replaces an earlier one; ``removed`` drops runs that retention evicted). Compaction writes the next
+generation's base, then deletes every file of older generations: a crash in between leaves both, and the newer
+one is read. File names are never reused, so an old write that lands late cannot overwrite a newer file.
+
+A file that cannot be read (not JSON, not this format, or written by a newer elastrain-state) is moved into a
+``set-aside-<time>/`` folder beside the others, with the segments of its generation when it is the base; the
+actor starts without it.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import logging
+import re
 import time
-import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastrain.state._private.schemas import SCHEMA_VERSION, TrainRunInfo, migrate
+from elastrain.state._private.store import TEMPORARY_SUFFIX, Store
 
-SNAPSHOT_FILE = "runs.json"
+logger = logging.getLogger("elastrain.state")
+
+FORMAT = "elastrain-state"
+_BASE = re.compile(r"^base-(\d{10})\.json$")
+_SEGMENT = re.compile(r"^journal-(\d{10})-(\d{8})\.json$")
+SET_ASIDE_PREFIX = "set-aside-"
+
+
+def base_name(generation: int) -> str:
+    return f"base-{generation:010d}.json"
+
+
+def segment_name(generation: int, seq: int) -> str:
+    return f"journal-{generation:010d}-{seq:08d}.json"
+
+
+class Unreadable(Exception):
+    """A snapshot file that is corrupt, not ours, or newer than this package."""
+
+
+@dataclass
+class Loaded:
+    runs: dict[str, TrainRunInfo] = field(default_factory=dict)
+    generation: int = 0
+    next_seq: int = 1
+    base_bytes: int = 0
+    journal_bytes: int = 0
+    segments: int = 0
+    problems: list[str] = field(default_factory=list)  # what was set aside or dropped, for info() and the log
 
 
 class Snapshots:
-    def __init__(self, uri: str) -> None:
-        self.uri = uri.rstrip("/")
-        self.local = "://" not in uri or uri.startswith("file://")
-        self.path = (self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri) + "/" + SNAPSHOT_FILE
-        self.last_write_s: float | None = None  # how long the last snapshot took
-        if self.local:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    """Reads and writes the layout above in one :class:`Store`."""
 
-    def load(self) -> list[TrainRunInfo]:
-        data = self._read()
-        if data is None:
-            return []
-        document = json.loads(data)
-        return [TrainRunInfo.model_validate(migrate(run)) for run in document.get("runs", [])]
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
-    def write(self, runs: list[str]) -> None:
-        """Write every run, given as its JSON document (as the state actor keeps them: no model is rebuilt)."""
-        started = time.perf_counter()
-        header = json.dumps({"schema_version": SCHEMA_VERSION, "written_at": time.time()}, separators=(",", ":"))
-        data = f'{header[:-1]},"runs":[{",".join(runs)}]}}'.encode()
-        if self.local:
-            temporary = f"{self.path}.{uuid.uuid4().hex}.tmp"
-            with open(temporary, "wb") as writer:
-                writer.write(data)
-                writer.flush()
-                os.fsync(writer.fileno())
-            os.replace(temporary, self.path)
-        else:
-            self._filesystem().pipe_file(self.path, data)
-        self.last_write_s = time.perf_counter() - started
-
-    def _read(self) -> bytes | None:
-        if self.local:
-            try:
-                with open(self.path, "rb") as reader:
-                    return reader.read()
-            except FileNotFoundError:
-                return None
-        fs = self._filesystem()
+    def load(self) -> Loaded:
+        """The runs the folder holds. Raises only when the store itself fails (the caller tries again later)."""
+        names = self.store.names()
+        for name in names:
+            if name.endswith(TEMPORARY_SUFFIX):  # left by a process that died mid-write
+                self.store.delete(name)
+        bases = sorted((int(m.group(1)), name) for name in names if (m := _BASE.match(name)))
+        loaded = Loaded()
+        if not bases:
+            return loaded
+        generation, name = bases[-1]
+        segments = sorted(
+            (int(m.group(2)), segment)
+            for segment in names
+            if (m := _SEGMENT.match(segment)) and int(m.group(1)) == generation
+        )
+        loaded.generation = generation
+        loaded.next_seq = (segments[-1][0] + 1) if segments else 1
         try:
-            data: bytes = fs.cat_file(self.path)
-        except FileNotFoundError:
-            return None
-        return data
+            data = self.store.read(name)
+            runs = _decode(data, "base", name)["runs"]
+        except Unreadable as problem:
+            self._set_aside([name, *(segment for _, segment in segments)], str(problem), loaded)
+            return loaded
+        loaded.base_bytes = len(data)
+        self._apply(runs, [], loaded)
+        for _, segment in segments:
+            data = self.store.read(segment)
+            try:
+                document = _decode(data, "journal", segment)
+            except Unreadable as problem:
+                self._set_aside([segment], str(problem), loaded)
+                continue
+            loaded.journal_bytes += len(data)
+            loaded.segments += 1
+            self._apply(document["runs"], document.get("removed", []), loaded)
+        return loaded
 
-    def _filesystem(self) -> Any:
-        import fsspec
+    def write_base(self, generation: int, documents: list[str]) -> int:
+        """Write every run as generation ``generation``'s base, then delete older generations; the bytes written."""
+        data = _encode({"kind": "base", "generation": generation}, documents)
+        self.store.write(base_name(generation), data)
+        for name in self.store.names():
+            match = _BASE.match(name) or _SEGMENT.match(name)
+            if match and int(match.group(1)) < generation:
+                self.store.delete(name)
+        return len(data)
 
-        filesystem, _ = fsspec.core.url_to_fs(self.uri)
-        return filesystem
+    def write_segment(self, generation: int, seq: int, documents: list[str], removed: list[str]) -> int:
+        data = _encode({"kind": "journal", "generation": generation, "seq": seq, "removed": removed}, documents)
+        self.store.write(segment_name(generation, seq), data)
+        return len(data)
+
+    def _apply(self, runs: list[Any], removed: list[Any], loaded: Loaded) -> None:
+        dropped: list[str] = []
+        for document in runs:
+            try:
+                run = TrainRunInfo.model_validate(migrate(document))
+            except (ValueError, TypeError) as error:  # one bad run is dropped, not the whole snapshot
+                dropped.append(str(error).splitlines()[0])
+                continue
+            loaded.runs[run.id] = run
+        for run_id in removed:
+            loaded.runs.pop(str(run_id), None)
+        if dropped:
+            problem = f"{len(dropped)} stored run(s) did not validate and were dropped (first: {dropped[0]})"
+            logger.warning("State snapshot in %s: %s.", self.store.uri, problem)
+            loaded.problems.append(problem)
+
+    def _set_aside(self, names: list[str], why: str, loaded: Loaded) -> None:
+        folder = SET_ASIDE_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for name in names:
+            self.store.move(name, f"{folder}/{name}")
+        problem = f"{names[0]} {why}; set aside in {self.store.path(folder)}"
+        logger.error("State snapshot in %s: %s. The state actor starts without it.", self.store.uri, problem)
+        loaded.problems.append(problem)
+
+
+def _encode(header: dict[str, Any], documents: list[str]) -> bytes:
+    # The runs are spliced in as the JSON documents the actor keeps: no model is rebuilt to write them.
+    head = json.dumps(
+        {"format": FORMAT, "schema_version": SCHEMA_VERSION, "written_at": time.time(), **header},
+        separators=(",", ":"),
+    )
+    return f'{head[:-1]},"runs":[{",".join(documents)}]}}'.encode()
+
+
+def _decode(data: bytes, kind: str, name: str) -> dict[str, Any]:
+    try:
+        document = json.loads(data)
+    except ValueError as error:
+        raise Unreadable(f"is not valid JSON ({error})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT or document.get("kind") != kind:
+        raise Unreadable(f"is not an elastrain-state {kind} file")
+    version = document.get("schema_version")
+    if not isinstance(version, int):
+        raise Unreadable("has no schema_version")
+    if version > SCHEMA_VERSION:
+        raise Unreadable(
+            f"was written by a newer elastrain-state (schema_version {version}; this one reads up to "
+            f"{SCHEMA_VERSION}): upgrade elastrain-state to read it"
+        )
+    if not isinstance(document.get("runs"), list) or not isinstance(document.get("removed", []), list):
+        raise Unreadable(f"is not an elastrain-state {kind} file (no list of runs)")
+    return document

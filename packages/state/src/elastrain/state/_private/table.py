@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +61,13 @@ class _Row:
 
 
 class RunTable:
-    def __init__(self, max_runs: int) -> None:
+    """``on_evict(run_id)`` is called for each run retention drops."""
+
+    def __init__(self, max_runs: int, on_evict: Callable[[str], None] | None = None) -> None:
         if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
             raise ValueError(f"max_runs must be a positive int, got {max_runs!r}.")
         self.max_runs = max_runs
+        self._on_evict = on_evict
         self._rows: dict[str, _Row] = {}
         self._order: list[_Key] = []
         self._indexes: dict[tuple[str, str], list[_Key]] = {}  # ("status"|"job_id"|"name", value) -> keys
@@ -79,6 +83,17 @@ class RunTable:
         """The run as JSON-ready data, without building a model."""
         row = self._rows.get(run_id)
         return None if row is None else row.data()
+
+    def get_json(self, run_id: str) -> str | None:
+        """The run's JSON document (what a snapshot writes)."""
+        row = self._rows.get(run_id)
+        return None if row is None else row.json()
+
+    def live(self) -> list[TrainRunInfo]:
+        """The runs that are not over, from the status indexes (no scan)."""
+        live = [status for status in RunStatus if not status.is_terminal]
+        keys = [key for status in live for key in self._indexes.get(("status", status.value), [])]
+        return [self._rows[key[1]].run() for key in keys]
 
     def count_by_status(self) -> dict[str, int]:
         """Runs per status, from the indexes (no scan)."""
@@ -152,7 +167,8 @@ class RunTable:
         excess = len(self._rows) - self.max_runs
         if excess <= 0:
             return
-        # Oldest first; runs that are still going are never dropped.
+        # Oldest first; runs that are still going are never dropped (abandoned ones are ended as ABORTED by the
+        # state actor, and then go like any other).
         for key in reversed(self._order[:]):
             if excess <= 0:
                 break
@@ -161,6 +177,8 @@ class RunTable:
                 self._unindex(row)
                 del self._rows[row.id]
                 excess -= 1
+                if self._on_evict is not None:
+                    self._on_evict(row.id)
 
     def _index(self, row: _Row) -> None:
         bisect.insort(self._order, row.key)

@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from elastrain.state._private.schemas import (
+    ID_MAX_CHARS,
+    NAME_MAX_CHARS,
+    RunMetrics,
     RunStatus,
     TrainDatasetInfo,
     TrainRunInfo,
@@ -38,6 +41,9 @@ class RunTracker:
     ``run_id``: the id the run is recorded by (default: a new one; never reuse one).
     ``actor``: the state actor to write to (default: the cluster's, created if absent, unless
     ``create_actor=False``, in which case an absent actor means no tracking).
+
+    The tracker keeps its own view of the run and sends it with every update, so that a state actor that
+    restarted without the run stores it again instead of dropping the update.
     """
 
     def __init__(
@@ -53,6 +59,10 @@ class RunTracker:
         actor: Any = None,
         create_actor: bool = True,
     ) -> None:
+        _check_text("name", name, NAME_MAX_CHARS)
+        for field, value in (("run_id", run_id), ("job_id", job_id), ("controller_actor_id", controller_actor_id)):
+            if value is not None:
+                _check_text(field, value, ID_MAX_CHARS)
         self.run_id = run_id or uuid.uuid4().hex  # unique per run; never a job id, never reused
         self.name = name
         self._job_id = job_id
@@ -63,25 +73,24 @@ class RunTracker:
         self._create_actor = create_actor
         self._pending: list[Any] = []
         self._ended = False
+        self._view: TrainRunInfo | None = None  # the run as this tracker last described it
 
     def start(self, workers: Sequence[TrainWorkerInfo | Mapping[str, Any]] = ()) -> None:
         parsed = tuple(TrainWorkerInfo.model_validate(w) for w in workers)
-        self._send(
-            "register_run",
-            TrainRunInfo(
-                name=self.name,
-                id=self.run_id,
-                job_id=self._job_id or _current_job_id(),
-                controller_actor_id=self._controller,
-                workers=parsed,
-                datasets=self._datasets,
-                run_status=RunStatus.RUNNING if parsed else RunStatus.INITIALIZING,
-                start_time_ms=_now_ms(),
-                min_workers=self._min_workers,
-                max_workers=self._max_workers,
-                world_size=len(parsed),
-            ).model_dump(mode="json"),
+        self._view = TrainRunInfo(
+            name=self.name,
+            id=self.run_id,
+            job_id=self._job_id or _current_job_id(),
+            controller_actor_id=self._controller,
+            workers=parsed,
+            datasets=self._datasets,
+            run_status=RunStatus.RUNNING if parsed else RunStatus.INITIALIZING,
+            start_time_ms=_now_ms(),
+            min_workers=self._min_workers,
+            max_workers=self._max_workers,
+            world_size=len(parsed),
         )
+        self._send("register_run", self._view.model_dump(mode="json"))
 
     def set_workers(
         self,
@@ -90,11 +99,19 @@ class RunTracker:
         world_size: int | None = None,
         resets: int | None = None,
     ) -> None:
-        records = [TrainWorkerInfo.model_validate(w).model_dump(mode="json") for w in workers]
-        self._send("update_workers", self.run_id, records, world_size, resets)
+        parsed = tuple(TrainWorkerInfo.model_validate(w) for w in workers)
+        changes: dict[str, Any] = {"workers": parsed, "world_size": len(parsed) if world_size is None else world_size}
+        if resets is not None:
+            changes["resets"] = resets
+        if self._view is not None and self._view.run_status is RunStatus.INITIALIZING:
+            changes["run_status"] = RunStatus.RUNNING
+        records = [worker.model_dump(mode="json") for worker in parsed]
+        self._send("update_workers", self.run_id, records, world_size, resets, self._seen(changes))
 
     def report_metrics(self, step: int | None = None, **values: float) -> None:
-        self._send("update_metrics", self.run_id, step, values)
+        """The latest step and scalars (at most 32; names of at most NAME_MAX_CHARS characters)."""
+        metrics = RunMetrics(step=step, values=dict(values), time_ms=_now_ms())  # bad input raises here, clearly
+        self._send("update_metrics", self.run_id, step, values, self._seen({"latest_metrics": metrics}))
 
     def finish(self) -> None:
         self._end(RunStatus.FINISHED, None)
@@ -110,8 +127,19 @@ class RunTracker:
         if self._ended:
             return
         self._ended = True
-        self._send("set_status", self.run_id, status.value, detail, _now_ms())
+        end = _now_ms()
+        changes: dict[str, Any] = {"run_status": status, "status_detail": detail}
+        if self._view is not None:
+            changes["end_time_ms"] = max(end, self._view.start_time_ms)
+        self._send("set_status", self.run_id, status.value, detail, end, self._seen(changes))
         self._settle()
+
+    def _seen(self, changes: dict[str, Any]) -> dict[str, Any] | None:
+        """Apply ``changes`` to this tracker's view of the run; the view as data (None before ``start``)."""
+        if self._view is None:
+            return None
+        self._view = TrainRunInfo.model_validate({**self._view.model_dump(), **changes})
+        return self._view.model_dump(mode="json")
 
     def _send(self, method: str, *args: Any) -> None:
         actor = self._state_actor()
@@ -151,6 +179,13 @@ class RunTracker:
         return self._actor or None
 
 
+def _check_text(field: str, value: Any, limit: int) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{field} must be a non-empty string, got {value!r}.")
+    if len(value) > limit:
+        raise ValueError(f"{field} has {len(value)} characters; use at most {limit}.")
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -169,7 +204,7 @@ class ExecutorObserver:
 
     def start_run(self, run: Mapping[str, Any]) -> _ExecutorRun:
         tracker = RunTracker(
-            str(run.get("name") or "run"),
+            str(run.get("name") or "run")[:NAME_MAX_CHARS],  # a long qualified name is cut, never refused
             run_id=run.get("id"),
             job_id=run.get("job_id"),
             controller_actor_id=run.get("controller_actor_id"),
