@@ -17,7 +17,7 @@ from elastrain_testutils.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("no_state_actor")
 TOKEN = "a-long-enough-test-token"  # noqa: S105
-ANY_ADDRESS = "0.0.0.0"  # noqa: S104 - what the CLI must refuse without a token
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def hold(gate: str) -> int:
@@ -146,23 +146,90 @@ def test_token_is_required_when_set(serve: Any) -> None:
     with serve(token=TOKEN) as server, httpx.Client(base_url=server.url, timeout=30) as http:
         assert http.get("/api/train/runs").status_code == 401
         assert http.get("/api/train/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert http.get("/api/train/runs", headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
+        assert http.get("/api/train/runs/run-0000").status_code == 401
         assert http.get("/metrics").status_code == 401
-        good = http.get("/api/train/runs", headers={"Authorization": f"Bearer {TOKEN}"})
+        good = http.get("/api/train/runs", headers=AUTH)
         assert good.status_code == 200
         assert http.get("/").status_code == 200  # the page holds no data; its requests carry the token
         assert "access-control-allow-origin" not in good.headers  # no CORS by default
+        schema = http.get("/openapi.json").json()
+    assert schema["paths"]["/api/train/runs"]["get"]["security"] == [{"HTTPBearer": []}]
 
 
-def test_cli_refuses_to_bind_off_loopback_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    from elastrain.dashboard_api._private.cli import parse
+def guarded_paths_answer(http: httpx.Client, prefix: str) -> dict[str, int]:
+    return {
+        path: http.get(prefix + path).status_code
+        for path in ("/api/train/runs", "/api/train/runs/run-0000", "/metrics")
+    }
 
-    monkeypatch.delenv("ELASTRAIN_DASHBOARD_TOKEN", raising=False)
-    with pytest.raises(SystemExit):
-        parse(["--host", ANY_ADDRESS])
-    assert parse(["--host", ANY_ADDRESS, "--token", TOKEN]).token == TOKEN
-    monkeypatch.setenv("ELASTRAIN_DASHBOARD_TOKEN", TOKEN)
-    assert parse(["--host", ANY_ADDRESS]).token == TOKEN
-    assert parse([]).host == "127.0.0.1"
+
+def test_the_token_holds_when_mounted_under_a_prefix(serve_app: Any) -> None:
+    from fastapi import FastAPI
+
+    from elastrain.dashboard_api import create_app
+
+    store_runs(1)
+    outer = FastAPI()
+    outer.mount("/dash", create_app(token=TOKEN))
+    with serve_app(outer) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        assert set(guarded_paths_answer(http, "/dash").values()) == {401}
+        http.headers.update(AUTH)
+        assert set(guarded_paths_answer(http, "/dash").values()) == {200}
+
+
+def test_the_token_holds_behind_a_proxy_root_path(serve: Any) -> None:
+    store_runs(1)
+    proxied = serve(token=TOKEN, server_config={"root_path": "/proxy"})
+    with proxied as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        # The proxy strips /proxy; the app sees /proxy/api/... as its URL path, and /api/... as its route.
+        assert set(guarded_paths_answer(http, "").values()) == {401}
+        http.headers.update(AUTH)
+        assert set(guarded_paths_answer(http, "").values()) == {200}
+
+
+def test_without_a_token_only_loopback_names_are_answered(serve: Any) -> None:
+    store_runs(1)
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        port = server.port
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}", "127.0.0.2"):
+            assert http.get("/api/train/runs", headers={"Host": host}).status_code == 200, host
+        for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.nip.io", "[::1]:x", ""):
+            for path in ("/api/train/runs", "/metrics", "/healthz", "/"):
+                refused = http.get(path, headers={"Host": host})
+                assert refused.status_code == 400, (host, path)
+            assert refused.json()["field"] == "Host"
+            assert "DNS rebinding" in refused.json()["detail"]
+    with serve(allowed_hosts=["dash.example.com", "10.0.0.5"]) as server, httpx.Client(base_url=server.url) as http:
+        assert http.get("/api/train/runs", headers={"Host": "dash.example.com:8266"}).status_code == 200
+        assert http.get("/api/train/runs", headers={"Host": "DASH.example.com"}).status_code == 200
+        assert http.get("/api/train/runs", headers={"Host": "10.0.0.5"}).status_code == 200
+        assert http.get("/api/train/runs", headers={"Host": "localhost"}).status_code == 200
+        assert http.get("/api/train/runs", headers={"Host": "attacker.example"}).status_code == 400
+    with serve(token=TOKEN) as server, httpx.Client(base_url=server.url, timeout=30, headers=AUTH) as http:
+        # A token is what the rebinding page lacks: any name is answered, and without it the answer is 401.
+        assert http.get("/api/train/runs", headers={"Host": "dash.example.com"}).status_code == 200
+    listed = serve(token=TOKEN, allowed_hosts=["dash.example.com"])
+    with listed as server, httpx.Client(base_url=server.url, timeout=30, headers=AUTH) as http:
+        assert http.get("/api/train/runs", headers={"Host": "other.example.com"}).status_code == 400
+
+
+def test_refused_requests_are_counted_in_metrics(serve: Any) -> None:
+    store_runs(1)
+    with serve(token=TOKEN) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        for _ in range(3):
+            http.get("/api/train/runs")
+        http.get("/api/train/runs/run-0000", headers={"Authorization": "Bearer wrong-token-of-some-length"})
+        http.get("/api/train/runs", headers=AUTH)
+        text = http.get("/metrics", headers=AUTH).text
+    count = "elastrain_http_request_duration_seconds_count"
+    assert f'{count}{{route="/api/train/runs",code="401"}} 3' in text
+    assert f'{count}{{route="/api/train/runs/{{run_id}}",code="401"}} 1' in text
+    assert f'{count}{{route="/api/train/runs",code="200"}} 1' in text
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        http.get("/api/train/runs", headers={"Host": "attacker.example"})
+        text = http.get("/metrics").text
+    assert f'{count}{{route="unmatched",code="400"}} 1' in text
 
 
 def test_nothing_secret_is_returned(serve: Any) -> None:
@@ -176,7 +243,7 @@ def test_nothing_secret_is_returned(serve: Any) -> None:
     assert "TrainRunInfo" in schema["components"]["schemas"]
 
 
-def test_the_cli_serves_the_api_of_a_running_cluster() -> None:
+def test_the_cli_serves_the_api_of_a_running_cluster_with_a_token_file(tmp_path: Path) -> None:
     import signal
     import socket
     import subprocess
@@ -185,26 +252,33 @@ def test_the_cli_serves_the_api_of_a_running_cluster() -> None:
     import ray
 
     store_runs(2)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     address = ray.get_runtime_context().gcs_address
-    command = [sys.executable, "-m", "elastrain.dashboard_api._private.cli", "--address", address, "--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable, "-m", "elastrain.dashboard_api._private.cli", "--address", address, "--port", str(port),
+        "--token-file", str(token_file),
+    ]  # fmt: skip
+    environment = {key: value for key, value in os.environ.items() if key != "ELASTRAIN_DASHBOARD_TOKEN"}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
 
-            def answered() -> dict[str, Any] | None:
+            def answered() -> httpx.Response | None:
                 if process.poll() is not None:
                     raise AssertionError(f"the CLI exited: {process.stderr.read() if process.stderr else ''}")
                 try:
-                    body: dict[str, Any] = http.get("/api/train/runs").json()
+                    return http.get("/api/train/runs", headers=AUTH)
                 except httpx.TransportError:
                     return None
-                return body
 
-            body = wait_until(answered, timeout_s=60, what="the CLI to serve")
-            assert len(body["runs"]) == 2
+            response = wait_until(answered, timeout_s=60, what="the CLI to serve")
+            assert len(response.json()["runs"]) == 2
+            assert http.get("/api/train/runs").status_code == 401
     finally:
         process.send_signal(signal.SIGINT)
         try:

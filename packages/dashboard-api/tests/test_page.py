@@ -78,3 +78,29 @@ def test_page_empty_state(serve: Any, browser: Any) -> None:
         page.goto(server.url + "/")
         page.wait_for_selector("text=No training runs yet", timeout=15_000)
         page.close()
+
+
+def test_page_under_a_prefix_reads_the_token_then_takes_it_out_of_the_address(serve_app: Any, browser: Any) -> None:
+    import ray
+    from fastapi import FastAPI
+
+    from elastrain.dashboard_api import create_app
+
+    token = "a-long-enough-page-token"  # noqa: S105
+    actor = get_or_create_state_actor()
+    ray.get(actor.register_run.remote(a_run(0, RunStatus.FINISHED)), timeout=60)
+    outer = FastAPI()
+    outer.mount("/dash", create_app(token=token))
+    with serve_app(outer) as server:
+        page = browser.new_page()
+        page.goto(server.url + "/dash/#token=" + token)
+        page.wait_for_selector("tr[data-run='run-0']", timeout=15_000)  # its requests went to /dash/api/...
+        assert token not in page.url
+        assert page.evaluate("location.hash") == ""
+        page.reload()  # the token stays with the tab, out of the address
+        page.wait_for_selector("tr[data-run='run-0']", timeout=15_000)
+        page.close()
+        without = browser.new_page()
+        without.goto(server.url + "/dash/")
+        without.wait_for_selector("text=Open this page as .../#token=<token>", timeout=15_000)
+        without.close()

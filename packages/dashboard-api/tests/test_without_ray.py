@@ -6,6 +6,8 @@ from typing import Any
 
 import httpx
 
+from elastrain_testutils.waiting import wait_until
+
 
 def test_ray_unreachable_is_503(serve: Any) -> None:
     import ray
@@ -22,3 +24,31 @@ def test_ray_unreachable_is_503(serve: Any) -> None:
         assert not health["tracking"]
         assert "elastrain_tracking_up 0" in http.get("/metrics").text
         assert http.get("/").status_code == 200
+
+
+def test_calls_waiting_on_ray_are_bounded_in_time_and_number() -> None:
+    import threading
+
+    import pytest
+
+    from elastrain.dashboard_api._private.ray_calls import BoundedCalls, RayTimeout
+
+    calls = BoundedCalls(limit=2)
+    answer = threading.Event()
+    with pytest.raises(RayTimeout, match="did not answer the test in time"):
+        calls.run(lambda: answer.wait(30), 0.05, "the test")
+    with pytest.raises(RayTimeout, match="did not answer"):
+        calls.run(lambda: answer.wait(30), 0.05, "the test")
+    with pytest.raises(RayTimeout, match="2 earlier requests to Ray are still waiting"):
+        calls.run(lambda: True, 5, "the test")  # refused at once: both slots wait on a silent Ray
+    answer.set()
+
+    def answered() -> str | None:
+        try:
+            return calls.run(lambda: "answer", 5, "the test")
+        except RayTimeout:  # the two earlier calls have not handed their slots back yet
+            return None
+
+    assert wait_until(answered, timeout_s=30, what="a free slot") == "answer"
+    with pytest.raises(ValueError, match="raised in the call"):
+        calls.run(lambda: int("raised in the call"), 5, "the test")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import hmac
 import time
+from collections.abc import Iterable
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
+from elastrain.dashboard_api._private.hosts import HostPolicy
 from elastrain.dashboard_api._private.metrics import ApiMetrics
 from elastrain.dashboard_api._private.source import BadRequest, RaySource, Unavailable
+from elastrain.dashboard_api._private.tokens import bearer_dependency, check_token
 from elastrain.dashboard_api._version import __version__
 from elastrain.state import MAX_PAGE, RunStatus, TrainRunInfo
 
@@ -40,38 +42,44 @@ class Health(BaseModel):
     version: str
 
 
+_BAD_REQUEST = "A parameter holds something this API did not make, or the Host header names a host it does not answer"
+_UNAUTHORIZED = {"model": Problem, "description": "The bearer token is missing or wrong"}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": Problem, "description": "A parameter holds something this API did not make"},
-    401: {"model": Problem, "description": "The bearer token is missing or wrong"},
+    400: {"model": Problem, "description": _BAD_REQUEST},
     503: {"model": Problem, "description": "Run tracking is off, or Ray or the state actor is unreachable"},
 }
 
 
-def create_app(source: Any = None, *, token: str | None = None) -> FastAPI:
-    """The application. ``token``: every API and metrics request must carry ``Authorization: Bearer <token>``
-    (the page itself holds no data and loads without it). ``source``: where runs come from (default: the
-    state actor of the Ray cluster this process is connected to)."""
+def create_app(source: Any = None, *, token: str | None = None, allowed_hosts: Iterable[str] | None = None) -> FastAPI:
+    """The application.
+
+    ``token``: every API and metrics request must carry ``Authorization: Bearer <token>`` (the page holds no
+    data and loads without it); at least 16 characters. ``allowed_hosts``: host names and addresses the server
+    answers to besides loopback names; by default any with a token and loopback names only without one (a
+    guard against DNS rebinding). ``source``: where runs come from (default: ``RaySource()``, the state actor of
+    the Ray cluster this process is connected to). Bad values raise ``ValueError`` saying what to change.
+    """
+    guard = [] if token is None else [Depends(bearer_dependency(check_token(token)))]
+    hosts = HostPolicy.build(allowed_hosts, token_set=token is not None)
+    errors = _ERRORS if token is None else {**_ERRORS, 401: _UNAUTHORIZED}
     runs_source = source if source is not None else RaySource()
     metrics = ApiMetrics()
     app = FastAPI(
         title="elastrain dashboard API",
         version=__version__,
         description="Training runs recorded by elastrain-state: paged, filtered, with live worker status.",
+        responses={400: {"model": Problem, "description": "The Host header names a host this server does not answer"}},
     )
 
     @app.middleware("http")
-    async def guard_and_measure(request: Request, call_next: Any) -> Response:
+    async def check_host_and_measure(request: Request, call_next: Any) -> Response:
         started = time.perf_counter()
-        path = request.url.path
-        guarded = path.startswith("/api/") or path == "/metrics"
-        if token is not None and guarded and not _token_matches(request.headers.get("authorization", ""), token):
-            return JSONResponse(
-                {"detail": "Missing or wrong bearer token: send 'Authorization: Bearer <token>'."},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        response: Response = await call_next(request)
-        route = request.scope.get("route")
+        host = request.headers.get("host")
+        if hosts.allows(host):
+            response: Response = await call_next(request)
+        else:
+            response = JSONResponse({"detail": hosts.refusal(host), "field": "Host"}, status_code=400)
+        route = request.scope.get("route")  # None when refused before routing: counted as "unmatched"
         metrics.observe(getattr(route, "path", "unmatched"), response.status_code, time.perf_counter() - started)
         return response
 
@@ -83,7 +91,13 @@ def create_app(source: Any = None, *, token: str | None = None) -> FastAPI:
     async def bad_request(request: Request, error: BadRequest) -> JSONResponse:
         return JSONResponse({"detail": str(error), "field": error.field}, status_code=400)
 
-    @app.get("/api/train/runs", response_model=RunsPage, responses=_ERRORS, summary="List runs, newest first")
+    @app.get(
+        "/api/train/runs",
+        response_model=RunsPage,
+        responses=errors,
+        dependencies=guard,
+        summary="List runs, newest first",
+    )
     def list_runs(
         status: Annotated[RunStatus | None, Query(description="Only runs with this status")] = None,
         job_id: Annotated[str | None, Query(max_length=256, description="Only runs of this Ray job")] = None,
@@ -97,7 +111,8 @@ def create_app(source: Any = None, *, token: str | None = None) -> FastAPI:
     @app.get(
         "/api/train/runs/{run_id}",
         response_model=TrainRunInfo,
-        responses={**_ERRORS, 404: {"model": Problem, "description": "No such run"}},
+        responses={**errors, 404: {"model": Problem, "description": "No such run"}},
+        dependencies=guard,
         summary="One run with its workers",
     )
     def get_run(run_id: Annotated[str, Path(max_length=256)]) -> Any:
@@ -115,7 +130,13 @@ def create_app(source: Any = None, *, token: str | None = None) -> FastAPI:
             ray_up, tracking = "Ray" not in str(error), False
         return Health(status="ok", ray=ray_up, tracking=tracking, version=__version__)
 
-    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={401: _UNAUTHORIZED} if token is not None else None,
+        dependencies=guard,
+        summary="Prometheus metrics",
+    )
     def prometheus() -> PlainTextResponse:
         try:
             by_status = runs_source.info().get("by_status", {})
@@ -133,8 +154,3 @@ def create_app(source: Any = None, *, token: str | None = None) -> FastAPI:
 
 # The page loads nothing from elsewhere and talks only to this server.
 _PAGE_POLICY = "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'"
-
-
-def _token_matches(header: str, token: str) -> bool:
-    scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())

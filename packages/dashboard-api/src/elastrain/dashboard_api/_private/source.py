@@ -1,16 +1,23 @@
 """Where the API's data comes from: the cluster's state actor for runs, Ray's actor table for liveness.
 
-Each request makes at most one call to the state actor and one query of Ray's actor table (every live actor at
-once), however many workers a page holds.
+A request makes at most one call to the state actor (after finding it once) and one point lookup per worker
+and controller on the page; never a read of every actor in the cluster. Everything it asks Ray shares one
+deadline, so a slow or unreachable cluster gives a 503 in ``timeout_s``, not a hung request.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from typing import Any
 
-from elastrain.state import ActorStatus, RunStatus, TrainRunInfo, TrainWorkerInfo, get_state_actor
+from pydantic import ValidationError
 
-_CALL_TIMEOUT_S = 10.0
+from elastrain.dashboard_api._private.ray_calls import PRESENT_STATES, BoundedCalls, RayTimeout, actor_states
+from elastrain.state import SCHEMA_VERSION, ActorStatus, RunStatus, TrainRunInfo, TrainWorkerInfo, get_state_actor
+
+DEFAULT_TIMEOUT_S = 10.0
 
 
 class Unavailable(Exception):
@@ -26,15 +33,60 @@ class BadRequest(Exception):
 
 
 class RaySource:
-    """Runs from the state actor of the Ray cluster this process is connected to."""
+    """Runs from the state actor of the Ray cluster this process is connected to.
 
-    def _actor(self) -> Any:
+    ``timeout_s``: the most one request waits for Ray in all (finding the state actor, calling it, looking up
+    actors) before answering 503.
+    """
+
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s):
+            raise ValueError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be above 0 seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        self._calls = BoundedCalls()
+        self._lock = threading.Lock()
+        self._actor: Any = None  # found once, kept while it answers: finding it is a GCS round trip
+
+    @property
+    def _budget(self) -> str:
+        return f" (each request waits at most {self.timeout_s:g} s): check that the cluster is up and not overloaded."
+
+    def list_runs(
+        self, *, status: RunStatus | None, job_id: str | None, name: str | None, limit: int, cursor: str | None
+    ) -> tuple[list[TrainRunInfo], str | None]:
+        deadline = time.monotonic() + self.timeout_s
+        documents, next_cursor = self._call(
+            deadline, "list_runs", None if status is None else status.value, job_id, name, limit, cursor
+        )
+        runs = [_parse(document) for document in documents]
+        return decorate(runs, self._present(runs, deadline)), next_cursor
+
+    def get_run(self, run_id: str) -> TrainRunInfo | None:
+        deadline = time.monotonic() + self.timeout_s
+        document = self._call(deadline, "get_run", run_id)
+        if document is None:
+            return None
+        run = _parse(document)
+        return decorate([run], self._present([run], deadline))[0]
+
+    def info(self) -> dict[str, Any]:
+        info: dict[str, Any] = self._call(time.monotonic() + self.timeout_s, "info")
+        return info
+
+    def _state_actor(self, deadline: float) -> Any:
         import ray
 
         if not ray.is_initialized():
             raise Unavailable("Not connected to a Ray cluster; start the dashboard with --address.")
+        with self._lock:
+            if self._actor is not None:
+                return self._actor
         try:
-            actor = get_state_actor()
+            actor = self._calls.run(get_state_actor, deadline - time.monotonic(), "where the state actor is")
+        except RayTimeout as error:
+            raise Unavailable(f"The Ray cluster did not answer: {error}{self._budget}") from None
         except Exception as error:
             raise Unavailable(f"The Ray cluster did not answer: {_first_line(error)}") from None
         if actor is None:
@@ -42,64 +94,67 @@ class RaySource:
                 "Run tracking is off: this cluster has no elastrain state actor. Install elastrain-state where "
                 "jobs run (the executor then records runs), or create it with get_or_create_state_actor()."
             )
+        with self._lock:
+            self._actor = actor
         return actor
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, deadline: float, method: str, *args: Any) -> Any:
         import ray
 
-        actor = self._actor()
+        actor = self._state_actor(deadline)
         try:
-            return ray.get(getattr(actor, method).remote(*args, **kwargs), timeout=_CALL_TIMEOUT_S)
+            return ray.get(getattr(actor, method).remote(*args), timeout=max(deadline - time.monotonic(), 0))
         except ray.exceptions.RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, ValueError):  # e.g. a cursor the actor did not make
                 raise BadRequest("cursor", str(cause)) from None
             raise Unavailable(f"The state actor failed: {_first_line(error)}") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
+        except ray.exceptions.GetTimeoutError:
+            raise Unavailable(
+                f"The state actor did not answer within {self.timeout_s:g} s (it may be busy or restarting)."
+            ) from None
+        except ray.exceptions.RayActorError as error:
+            if isinstance(error, ray.exceptions.ActorDiedError):
+                with self._lock:  # gone for good: look it up again next time (it may have been created anew)
+                    if self._actor is actor:
+                        self._actor = None
             raise Unavailable(f"The state actor did not answer (it may be restarting): {_first_line(error)}") from None
 
-    def list_runs(
-        self, *, status: RunStatus | None, job_id: str | None, name: str | None, limit: int, cursor: str | None
-    ) -> tuple[list[TrainRunInfo], str | None]:
-        documents, next_cursor = self._call(
-            "list_runs", None if status is None else status.value, job_id, name, limit, cursor
-        )
-        runs = [TrainRunInfo.model_validate(document) for document in documents]
-        return decorate(runs, self.alive_actor_ids(runs)), next_cursor
-
-    def get_run(self, run_id: str) -> TrainRunInfo | None:
-        document = self._call("get_run", run_id)
-        if document is None:
-            return None
-        run = TrainRunInfo.model_validate(document)
-        return decorate([run], self.alive_actor_ids([run]))[0]
-
-    def info(self) -> dict[str, Any]:
-        info: dict[str, Any] = self._call("info")
-        return info
-
-    def alive_actor_ids(self, runs: list[TrainRunInfo]) -> set[str]:
-        """The ids, among these runs' workers and controllers, of actors alive now (one query for all of them),
-        and of controllers that are starting or restarting (present too)."""
-        wanted = {w.actor_id for run in runs for w in run.workers}
-        wanted |= {run.controller_actor_id for run in runs if run.controller_actor_id}
-        if not wanted:
+    def _present(self, runs: list[TrainRunInfo], deadline: float) -> set[str]:
+        """The ids, among these runs' workers and controllers, of actors alive now, and of controllers that are
+        starting or restarting (present too)."""
+        workers = {w.actor_id for run in runs for w in run.workers}
+        controllers = {run.controller_actor_id for run in runs if run.controller_actor_id}
+        if not workers | controllers:
             return set()
-        from ray._private.state import state  # the GCS actor table: no dashboard process needed
-
         try:
-            found = wanted & set(state.actor_table(None, actor_state_name="ALIVE"))
-            starting = {run.controller_actor_id for run in runs if run.controller_actor_id} - found
-            for not_yet in _STARTING_STATES if starting else ():
-                # A controller that is not alive yet (the executor starts it without waiting) is not gone.
-                found |= starting & set(state.actor_table(None, actor_state_name=not_yet))
+            states = self._calls.run(
+                lambda: actor_states(workers | controllers), deadline - time.monotonic(), "the actors' states"
+            )
+        except RayTimeout as error:
+            raise Unavailable(f"Ray's actor table did not answer: {error}{self._budget}") from None
         except Exception as error:
             raise Unavailable(f"Ray's actor table did not answer: {_first_line(error)}") from None
-        return found
+        alive = {actor_id for actor_id in workers if states.get(actor_id) == "ALIVE"}
+        return alive | {actor_id for actor_id in controllers if states.get(actor_id) in PRESENT_STATES}
 
 
-# Ray's actor states before ALIVE, and while it comes back: a controller in one of them is present.
-_STARTING_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING")
+def _parse(document: Any) -> TrainRunInfo:
+    """A stored run as a model, or 503 saying which side to upgrade: never a 500."""
+    version = document.get("schema_version") if isinstance(document, dict) else None
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise Unavailable(
+            f"The state actor holds runs of schema version {version}, newer than this dashboard reads "
+            f"({SCHEMA_VERSION}): upgrade elastrain-dashboard-api and elastrain-state where the dashboard runs "
+            "to the cluster's version."
+        )
+    try:
+        return TrainRunInfo.model_validate(document)
+    except ValidationError as error:
+        raise Unavailable(
+            f"The state actor returned a run this dashboard cannot read ({_first_problem(error)}): install the "
+            "same elastrain-state version here as on the cluster."
+        ) from None
 
 
 def decorate(runs: list[TrainRunInfo], alive: set[str]) -> list[TrainRunInfo]:
@@ -120,6 +175,11 @@ def decorate(runs: list[TrainRunInfo], alive: set[str]) -> list[TrainRunInfo]:
 
 def _with_status(worker: TrainWorkerInfo, status: ActorStatus) -> TrainWorkerInfo:
     return worker if worker.status is status else worker.model_copy(update={"status": status})
+
+
+def _first_problem(error: ValidationError) -> str:
+    problem = error.errors()[0]
+    return f"{'.'.join(str(part) for part in problem['loc']) or 'run'}: {problem['msg']}"[:300]
 
 
 def _first_line(error: BaseException) -> str:
