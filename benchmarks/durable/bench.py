@@ -3,8 +3,10 @@
 Same run, same bytes: a 256 MiB checkpoint of four files, saved to a SeaweedFS S3 server on 127.0.0.1.
 - training-blocked time per checkpoint: ``save_async`` (returns once staged) vs ``save`` (returns once committed);
 - upload: ``CheckpointStore.save`` vs a raw ``s3fs`` ``put`` of the same folder (throughput ≥ 0.9× means time
-  ≤ 1.11×), and vs Ray Train's persistence path (``pyarrow.fs.copy_files`` to S3), reported;
-- restore: ``CheckpointStore.restore`` (download + SHA-256 check) vs a raw ``s3fs`` ``get``.
+  ≤ 1.11×), and vs Ray Train's persistence path (``pyarrow.fs.copy_files`` to S3, throughput ≥ 1.0×);
+- restore: ``CheckpointStore.restore`` (download + SHA-256 check) vs a raw ``s3fs`` ``get`` (≤ 1.3×) and vs
+  ``pyarrow.fs.copy_files`` from S3, reported;
+- a new process's first ``list()`` of 100 committed checkpoints vs reading their manifests one by one.
 Rounds are interleaved; rows show medians.
 """
 
@@ -24,6 +26,7 @@ from elastrain.durable import CheckpointStore
 from elastrain_testutils.storage_servers import ACCESS_KEY, SECRET_KEY, SeaweedS3
 
 FILE_MIB = (128, 64, 48, 16)  # 256 MiB in all
+MANY = 100
 
 
 def make_checkpoint(folder: Path) -> int:
@@ -82,6 +85,38 @@ def measure_round(
     fetched = scratch / f"fetched-{round_}"
     record("s3fs get", timed(lambda: raw.get(f"bench/store/{latest.name}/", str(fetched), recursive=True)))
     shutil.rmtree(fetched)
+    fetched.mkdir()  # pyarrow creates files, not the folder
+    record(
+        "pyarrow copy_files get",
+        timed(lambda: pyarrow.fs.copy_files(f"bench/store/{latest.name}", str(fetched), source_filesystem=arrow)),
+    )
+    shutil.rmtree(fetched)
+
+
+def measure_listing(options: dict[str, Any], record: Callable[[str, float], None]) -> None:
+    """A new store's first list() over many manifests (read in one batch) vs reading them one after another."""
+    import s3fs
+
+    uri = "s3://bench/many"
+    listed = timed(lambda: CheckpointStore(uri, storage_options=options).list())
+
+    def one_after_another() -> None:
+        fresh = s3fs.S3FileSystem(**options, skip_instance_cache=True)  # a new process starts cold too
+        for path in fresh.ls("bench/many/_manifests", refresh=True):
+            fresh.cat_file(f"{path}/MANIFEST.json")
+
+    one_by_one = timed(one_after_another)
+    record("list 100", listed)
+    record("manifests one by one", one_by_one)
+
+
+def fill_many(options: dict[str, Any], scratch: Path) -> None:
+    tiny = scratch / "tiny"
+    tiny.mkdir()
+    (tiny / "w.bin").write_bytes(b"w")
+    with CheckpointStore("s3://bench/many", storage_options=options) as store:
+        for step in range(MANY):
+            store.save_async(tiny, step=step)
 
 
 def main() -> None:
@@ -106,8 +141,10 @@ def main() -> None:
         )
         store = CheckpointStore("s3://bench/store", storage_options=options, num_to_keep=1)
         store.save(source)  # warm: connections, bucket, listing
+        fill_many(options, Path(scratch))
         for round_ in range(rounds):
             measure_round(round_, store, source, raw, arrow, Path(scratch), record)
+            measure_listing(options, record)
         store.close()
 
     median = {name: statistics.median(values) for name, values in samples.items()}
@@ -119,14 +156,20 @@ def main() -> None:
             "save (blocks to commit)", median["save"], None),
         Row(case, "upload: save (time; ≤ 1.11× = throughput ≥ 0.9×)", median["save"], "raw s3fs put",
             median["s3fs put"], 1 / 0.9),
-        Row(case, "upload: save", median["save"], "Ray Train path (pyarrow.fs.copy_files)",
-            median["pyarrow copy_files"], None),
-        Row(case, "restore (download + SHA-256 check)", median["restore"], "raw s3fs get", median["s3fs get"], None),
+        Row(case, "upload: save (time; ≤ 1.0× = throughput ≥ Ray Train's)", median["save"],
+            "Ray Train path (pyarrow.fs.copy_files)", median["pyarrow copy_files"], 1.0),
+        Row(case, "restore (download + SHA-256 check)", median["restore"], "raw s3fs get", median["s3fs get"], 1.3),
+        Row(case, "restore (download + SHA-256 check)", median["restore"], "pyarrow.fs.copy_files from S3",
+            median["pyarrow copy_files get"], None),
+        Row(f"{MANY} committed checkpoints, SeaweedFS S3", "a new store's first list()", median["list 100"],
+            "raw s3fs: the manifests read one by one", median["manifests one by one"], None),
     ]  # fmt: skip
     notes = {
         "rounds": rounds,
         "throughput_MBps": {
-            name: round(total / 1e6 / value, 1) for name, value in median.items() if "blocked" not in name
+            name: round(total / 1e6 / value, 1)
+            for name, value in median.items()
+            if "blocked" not in name and name not in ("list 100", "manifests one by one")
         },
         "samples_s": {name: [round(v, 3) for v in values] for name, values in samples.items()},
     }
