@@ -515,6 +515,9 @@ class FolderPersistence:
     def flush(self) -> None:
         Path(self.folder, "flushed").write_text("yes")
 
+    def rank_changed(self, rank: int) -> None:  # optional: told at every sync, so a former rank 0 can step back
+        Path(self.folder, f"rank-{rank}").touch()
+
 
 def train_persisted(folder: str) -> int:
     import torch.distributed as dist
@@ -540,3 +543,4 @@ def test_persistence_sees_every_commit_and_is_flushed_at_the_end(tmp_path: Path)
         assert executor.run(train_persisted, args=[str(tmp_path)]) == [5, 5]
     assert (tmp_path / "committed").read_text() == "5"
     assert (tmp_path / "flushed").read_text() == "yes"
+    assert sorted(p.name for p in tmp_path.glob("rank-*")) == ["rank-0", "rank-1"]
