@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import remove_state_actor
 
 from elastrain.executor import RayExecutor, context
 from elastrain.state import RunStatus, TrainRunInfo, get_or_create_state_actor
@@ -107,6 +108,17 @@ def test_a_running_run_whose_controller_is_gone_shows_aborted_without_rewriting_
     with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
         assert http.get("/api/train/runs/run-0000").json()["run_status"] == "ABORTED"
     assert ray.get(actor.get_run.remote("run-0000"), timeout=30)["run_status"] == "RUNNING"
+
+
+def test_a_replaced_state_actor_is_found_again(serve: Any) -> None:
+    store_runs(1)
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        assert len(http.get("/api/train/runs").json()["runs"]) == 1  # the server now keeps this actor
+        remove_state_actor()
+        store_runs(2)  # a new actor under the same name
+        replaced = http.get("/api/train/runs")
+        assert replaced.status_code == 200
+        assert len(replaced.json()["runs"]) == 2
 
 
 def test_errors(serve: Any) -> None:

@@ -106,7 +106,7 @@ class HostPolicy:
 
     def refusal(self, header: str | None) -> str:
         return (
-            f"This dashboard does not answer to host {header!r}, a guard against DNS rebinding: open it as "
-            "http://127.0.0.1:<port>/ or http://localhost:<port>/, or start it with that host in allowed_hosts "
+            f"This dashboard does not answer to host {(header or '')[:100]!r}, a guard against DNS rebinding: open "
+            "it as http://127.0.0.1:<port>/ or http://localhost:<port>/, or start it with that host in allowed_hosts "
             "(--allowed-hosts) or with a token."
         )

@@ -101,24 +101,32 @@ class RaySource:
     def _call(self, deadline: float, method: str, *args: Any) -> Any:
         import ray
 
-        actor = self._state_actor(deadline)
-        try:
-            return ray.get(getattr(actor, method).remote(*args), timeout=max(deadline - time.monotonic(), 0))
-        except ray.exceptions.RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, ValueError):  # e.g. a cursor the actor did not make
-                raise BadRequest("cursor", str(cause)) from None
-            raise Unavailable(f"The state actor failed: {_first_line(error)}") from None
-        except ray.exceptions.GetTimeoutError:
-            raise Unavailable(
-                f"The state actor did not answer within {self.timeout_s:g} s (it may be busy or restarting)."
-            ) from None
-        except ray.exceptions.RayActorError as error:
-            if isinstance(error, ray.exceptions.ActorDiedError):
-                with self._lock:  # gone for good: look it up again next time (it may have been created anew)
+        for attempt in (1, 2):
+            actor = self._state_actor(deadline)
+            try:
+                return ray.get(getattr(actor, method).remote(*args), timeout=max(deadline - time.monotonic(), 0))
+            except ray.exceptions.RayTaskError as error:
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, ValueError):  # e.g. a cursor the actor did not make
+                    raise BadRequest("cursor", str(cause)) from None
+                raise Unavailable(f"The state actor failed: {_first_line(error)}") from None
+            except ray.exceptions.GetTimeoutError:
+                raise Unavailable(
+                    f"The state actor did not answer within {self.timeout_s:g} s (it may be busy or restarting)."
+                ) from None
+            except ray.exceptions.ActorDiedError as error:
+                # Gone for good (killed, or its node lost): forget it and look it up once more, since another
+                # may have taken its name.
+                with self._lock:
                     if self._actor is actor:
                         self._actor = None
-            raise Unavailable(f"The state actor did not answer (it may be restarting): {_first_line(error)}") from None
+                if attempt == 2:
+                    raise Unavailable(f"The state actor is gone: {_first_line(error)}") from None
+            except ray.exceptions.RayActorError as error:
+                raise Unavailable(
+                    f"The state actor did not answer (it may be restarting): {_first_line(error)}"
+                ) from None
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _present(self, runs: list[TrainRunInfo], deadline: float) -> set[str]:
         """The ids, among these runs' workers and controllers, of actors alive now, and of controllers that are
