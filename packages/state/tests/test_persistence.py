@@ -75,6 +75,25 @@ def test_runs_survive_a_restart_by_default_and_only_changes_are_written() -> Non
     assert stored["latest_metrics"]["step"] == 7
 
 
+def test_runs_going_on_another_cluster_are_aborted_when_loaded(tmp_path: Path) -> None:
+    """The snapshot URI outlived its cluster: the runs that were going there lost their drivers with it."""
+    import ray
+
+    folder = tmp_path / "state"
+    old = Snapshots(Store(str(folder), timeout_s=30), cluster_id="ab" * 28)
+    documents = [json.dumps(run_doc(1, "RUNNING")), json.dumps(run_doc(2, "FINISHED"))]
+    old.write_base(5, documents)
+    actor = get_or_create_state_actor(snapshot_uri=str(folder), snapshot_interval_s=3600)
+    assert loaded_info(actor)["runs"] == 2
+    going = ray.get(actor.get_run.remote("id-1"), timeout=30)
+    assert going["run_status"] == "ABORTED"
+    assert "another Ray cluster" in going["status_detail"]
+    assert ray.get(actor.get_run.remote("id-2"), timeout=30)["run_status"] == "FINISHED"
+    ray.get(actor.flush.remote(), timeout=60)
+    here = ray._private.worker.global_worker.gcs_client.cluster_id.hex()
+    assert Snapshots(Store(str(folder), timeout_s=30)).load().cluster_id == here
+
+
 def unreadable_base(folder: Path, problem: str) -> None:
     folder.mkdir()
     if problem == "corrupt":

@@ -66,6 +66,7 @@ class StateActor:
                 documents=self._documents,
                 all_documents=self._all_documents,
                 restore=self._restore,
+                cluster_id=_cluster_id(),
             )
         self._watch = Watch(check_interval, self._live_runs, self._abort) if _in_ray() else None
 
@@ -209,12 +210,18 @@ class StateActor:
         with self._lock:
             return self.table.all_documents()
 
-    def _restore(self, runs: dict[str, TrainRunInfo]) -> None:
-        """Take the loaded runs; a run updated since the restart keeps its newer data (and the stronger status)."""
+    def _restore(self, runs: dict[str, TrainRunInfo], cluster_id: str | None) -> None:
+        """Take the loaded runs; a run updated since the restart keeps its newer data (and the stronger status).
+        Runs that were going on another Ray cluster (this one is new) are over: their drivers went with it."""
+        foreign = cluster_id is not None and cluster_id != _cluster_id()
         with self._lock:
             for run in runs.values():
                 current = self.table.get(run.id)
                 self.table.put(run if current is None else _merge_status(run, current))
+        if foreign:
+            for run in runs.values():
+                if not run.run_status.is_terminal:
+                    self._abort(run.id, f"The run was going on another Ray cluster ({cluster_id}), which is gone.")
 
     # Called from the liveness thread.
     def _live_runs(self) -> list[TrainRunInfo]:
@@ -236,6 +243,15 @@ def _in_ray() -> bool:
     import ray
 
     return bool(ray.is_initialized())
+
+
+def _cluster_id() -> str | None:
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    worker: Any = ray._private.worker.global_worker
+    return str(worker.gcs_client.cluster_id.hex())
 
 
 def _embedded_folder() -> str | None:

@@ -2,14 +2,15 @@
 
 A run that is not over is abandoned when any of these holds, asked of Ray's GCS:
 - its controller actor (the executor's message actor, which lives exactly as long as the executor) is DEAD;
-- its job (when ``job_id`` is a Ray job id) is dead, or is a newer job that reuses the id (a new cluster counts
-  job ids from 1 again: a job that started well after the run is not the run's);
+- its job (when ``job_id`` is a Ray job id) is dead;
 - the GCS does not know the controller or the job at all, ``UNKNOWN_GRACE_S`` after the actor first saw the
-  run (an actor registers with the GCS a moment after its handle exists; a run restored on a new cluster
-  names actors and jobs of the old one).
+  run (an actor registers with the GCS a moment after its handle exists).
 
-A run with neither a controller nor a Ray job id is never judged. The check runs every ``interval_s`` on its
-own thread; each GCS query has a deadline, and a query that fails leaves the run as it is until the next check.
+A run with neither a controller nor a Ray job id is never judged. (Runs restored from a snapshot that another
+Ray cluster wrote, whose job ids a new cluster may reuse, are ended when they are loaded: see the actor.)
+
+The check runs every ``interval_s`` on its own thread; each GCS query has a deadline, and a query that fails
+leaves the run as it is until the next check.
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ from elastrain.state._private.schemas import TrainRunInfo
 logger = logging.getLogger("elastrain.state")
 
 UNKNOWN_GRACE_S = 60.0
-# How much later than the run a job with the run's job id may have started and still be the run's job: the run's
-# start time comes from the driver's clock, the job's from the GCS's, and the driver starts the job first.
-JOB_START_SLACK_MS = 60_000
 QUERY_TIMEOUT_S = 10.0
 _RAY_JOB_ID = re.compile(r"^[0-9a-f]{8}$")
 
@@ -38,7 +36,6 @@ _RAY_JOB_ID = re.compile(r"^[0-9a-f]{8}$")
 @dataclass(frozen=True)
 class Job:
     dead: bool
-    start_time_ms: int
 
 
 @dataclass(frozen=True)
@@ -53,9 +50,7 @@ def is_ray_job_id(job_id: str) -> bool:
     return _RAY_JOB_ID.match(job_id) is not None
 
 
-def abandoned(
-    *, controller_actor_id: str | None, job_id: str, start_time_ms: int, facts: Facts, seen_for_s: float
-) -> str | None:
+def abandoned(*, controller_actor_id: str | None, job_id: str, facts: Facts, seen_for_s: float) -> str | None:
     """Why the run is abandoned, or None when it may still be going."""
     known_long_enough = seen_for_s >= UNKNOWN_GRACE_S
     if controller_actor_id is not None:
@@ -69,8 +64,6 @@ def abandoned(
                 return f"Ray does not know the run's job {job_id}: it belonged to a driver (or cluster) that is gone."
         elif facts.job.dead:
             return f"The run's job {job_id} ended (its driver exited) without ending the run."
-        elif facts.job.start_time_ms > start_time_ms + JOB_START_SLACK_MS:
-            return f"Job {job_id} is a newer job reusing the id of the run's job, which is gone (a new cluster)."
     return None
 
 
@@ -108,7 +101,7 @@ class Gcs:
             )
             for key, entry in found.items():
                 if key.hex() == job_id:
-                    return Job(dead=bool(entry.is_dead), start_time_ms=int(entry.start_time))
+                    return Job(dead=bool(entry.is_dead))
             return None
 
         answers = await asyncio.gather(
@@ -168,7 +161,6 @@ class Watch:
             reason = abandoned(
                 controller_actor_id=run.controller_actor_id,
                 job_id=run.job_id,
-                start_time_ms=run.start_time_ms,
                 facts=found,
                 seen_for_s=now - self._first_seen[run.id],
             )

@@ -31,7 +31,8 @@ _LOAD_RETRY_MAX_S = 60.0
 
 class Persistence:
     """``documents(ids)`` gives the stored JSON document of each id (None when gone); ``all_documents()`` every
-    run's; ``restore(runs)`` takes the loaded runs. Each takes the actor's lock itself."""
+    run's; ``restore(runs, cluster_id)`` takes the loaded runs and the id of the Ray cluster that wrote them.
+    Each takes the actor's lock itself. ``cluster_id``: this cluster's, written with every file."""
 
     def __init__(
         self,
@@ -41,12 +42,13 @@ class Persistence:
         timeout_s: float,
         documents: Callable[[list[str]], dict[str, str | None]],
         all_documents: Callable[[], list[str]],
-        restore: Callable[[dict[str, TrainRunInfo]], None],
+        restore: Callable[[dict[str, TrainRunInfo], str | None], None],
+        cluster_id: str | None = None,
     ) -> None:
         self.uri = uri
         self.timeout_s = timeout_s
         self._interval = interval_s
-        self._snapshots = Snapshots(Store(uri, timeout_s))
+        self._snapshots = Snapshots(Store(uri, timeout_s), cluster_id)
         self._documents, self._all_documents, self._restore = documents, all_documents, restore
         self._changes = threading.Lock()
         self._changed: set[str] = set()
@@ -56,6 +58,7 @@ class Persistence:
         self._requested = 0  # flush tickets handed out
         self._served = 0  # the last ticket a finished round covered
         self._round_error: BaseException | None = None
+        self._stopped: str | None = None
         # What the folder holds now.
         self.loaded = False
         self._generation = 0
@@ -93,6 +96,8 @@ class Persistence:
         deadline = time.monotonic() + 2 * self.timeout_s
         with self._done:
             while self._served < ticket:
+                if self._stopped is not None:
+                    raise RuntimeError(self._stopped)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     state = "writing" if self.loaded else f"loading ({self.error or 'in progress'})"
@@ -119,6 +124,16 @@ class Persistence:
     # -- the background thread -----------------------------------------------------------------------------
 
     def _main(self) -> None:
+        try:
+            self._serve()
+        except BaseException as failure:  # a bug: say so, and let flush() fail at once instead of waiting
+            logger.exception("The state snapshot thread stopped; nothing more is persisted.")
+            with self._done:
+                self._stopped = f"the snapshot thread stopped: {failure!r}"
+                self.error = self._stopped
+                self._done.notify_all()
+
+    def _serve(self) -> None:
         self._load()
         while True:
             self._wake.wait(self._interval)
@@ -146,7 +161,7 @@ class Persistence:
                 self._wake.wait(pause)
                 self._wake.clear()
                 pause = min(pause * 2, _LOAD_RETRY_MAX_S)
-        self._restore(loaded.runs)
+        self._restore(loaded.runs, loaded.cluster_id)
         self._generation, self._seq = loaded.generation, loaded.next_seq
         self._base_bytes, self._journal_bytes, self._segments = (
             loaded.base_bytes,

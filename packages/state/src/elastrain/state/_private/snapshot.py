@@ -1,13 +1,15 @@
 """The snapshot layout: a base file holding every run, then journal segments holding the runs that changed.
 
 ```
-base-0000000007.json                 {"format": "elastrain-state", "kind": "base", "generation": 7, "runs": [...]}
+base-0000000007.json                 {"format": "elastrain-state", "kind": "base", "generation": 7,
+                                      "cluster_id": "41c0...", "runs": [...]}
 journal-0000000007-00000001.json     {"kind": "journal", "generation": 7, "seq": 1, "runs": [...], "removed": [...]}
 journal-0000000007-00000002.json     ...
 ```
 
 Loading reads the base of the highest generation and applies its segments in order (a later document of a run
-replaces an earlier one; ``removed`` drops runs that retention evicted). Compaction writes the next
+replaces an earlier one; ``removed`` drops runs that retention evicted). ``cluster_id`` names the Ray cluster
+whose state actor wrote the base (its segments are always written by the same actor). Compaction writes the next
 generation's base, then deletes every file of older generations: a crash in between leaves both, and the newer
 one is read. File names are never reused, so an old write that lands late cannot overwrite a newer file.
 
@@ -56,14 +58,16 @@ class Loaded:
     base_bytes: int = 0
     journal_bytes: int = 0
     segments: int = 0
+    cluster_id: str | None = None  # the Ray cluster that wrote them
     problems: list[str] = field(default_factory=list)  # what was set aside or dropped, for info() and the log
 
 
 class Snapshots:
     """Reads and writes the layout above in one :class:`Store`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, cluster_id: str | None = None) -> None:
         self.store = store
+        self.cluster_id = cluster_id
 
     def load(self) -> Loaded:
         """The runs the folder holds. Raises only when the store itself fails (the caller tries again later)."""
@@ -85,12 +89,13 @@ class Snapshots:
         loaded.next_seq = (segments[-1][0] + 1) if segments else 1
         try:
             data = self.store.read(name)
-            runs = _decode(data, "base", name)["runs"]
+            base = _decode(data, "base", name)
         except Unreadable as problem:
             self._set_aside([name, *(segment for _, segment in segments)], str(problem), loaded)
             return loaded
         loaded.base_bytes = len(data)
-        self._apply(runs, [], loaded)
+        loaded.cluster_id = base.get("cluster_id") if isinstance(base.get("cluster_id"), str) else None
+        self._apply(base["runs"], [], loaded)
         for _, segment in segments:
             data = self.store.read(segment)
             try:
@@ -105,7 +110,7 @@ class Snapshots:
 
     def write_base(self, generation: int, documents: list[str]) -> int:
         """Write every run as generation ``generation``'s base, then delete older generations; the bytes written."""
-        data = _encode({"kind": "base", "generation": generation}, documents)
+        data = _encode({"kind": "base", "generation": generation, "cluster_id": self.cluster_id}, documents)
         self.store.write(base_name(generation), data)
         for name in self.store.names():
             match = _BASE.match(name) or _SEGMENT.match(name)
@@ -114,7 +119,8 @@ class Snapshots:
         return len(data)
 
     def write_segment(self, generation: int, seq: int, documents: list[str], removed: list[str]) -> int:
-        data = _encode({"kind": "journal", "generation": generation, "seq": seq, "removed": removed}, documents)
+        header = {"kind": "journal", "generation": generation, "seq": seq, "cluster_id": self.cluster_id}
+        data = _encode({**header, "removed": removed}, documents)
         self.store.write(segment_name(generation, seq), data)
         return len(data)
 

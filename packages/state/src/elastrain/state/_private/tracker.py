@@ -20,6 +20,7 @@ from elastrain.state._private.schemas import (
     TrainDatasetInfo,
     TrainRunInfo,
     TrainWorkerInfo,
+    truncate_detail,
 )
 
 logger = logging.getLogger("elastrain.state")
@@ -73,11 +74,13 @@ class RunTracker:
         self._create_actor = create_actor
         self._pending: list[Any] = []
         self._ended = False
-        self._view: TrainRunInfo | None = None  # the run as this tracker last described it
+        # The run as this tracker last described it, JSON-ready. Built from validated parts and changed in place
+        # of being validated whole again: an update costs the same with 4 workers or 1,000.
+        self._view: dict[str, Any] | None = None
 
     def start(self, workers: Sequence[TrainWorkerInfo | Mapping[str, Any]] = ()) -> None:
         parsed = tuple(TrainWorkerInfo.model_validate(w) for w in workers)
-        self._view = TrainRunInfo(
+        run = TrainRunInfo(
             name=self.name,
             id=self.run_id,
             job_id=self._job_id or _current_job_id(),
@@ -90,7 +93,8 @@ class RunTracker:
             max_workers=self._max_workers,
             world_size=len(parsed),
         )
-        self._send("register_run", self._view.model_dump(mode="json"))
+        self._view = run.model_dump(mode="json")
+        self._send("register_run", self._view)
 
     def set_workers(
         self,
@@ -99,19 +103,19 @@ class RunTracker:
         world_size: int | None = None,
         resets: int | None = None,
     ) -> None:
-        parsed = tuple(TrainWorkerInfo.model_validate(w) for w in workers)
-        changes: dict[str, Any] = {"workers": parsed, "world_size": len(parsed) if world_size is None else world_size}
+        records = [TrainWorkerInfo.model_validate(w).model_dump(mode="json") for w in workers]
+        changes: dict[str, Any] = {"workers": records, "world_size": len(records) if world_size is None else world_size}
         if resets is not None:
             changes["resets"] = resets
-        if self._view is not None and self._view.run_status is RunStatus.INITIALIZING:
-            changes["run_status"] = RunStatus.RUNNING
-        records = [worker.model_dump(mode="json") for worker in parsed]
+        if self._view is not None and self._view["run_status"] == RunStatus.INITIALIZING.value:
+            changes["run_status"] = RunStatus.RUNNING.value
         self._send("update_workers", self.run_id, records, world_size, resets, self._seen(changes))
 
     def report_metrics(self, step: int | None = None, **values: float) -> None:
         """The latest step and scalars (at most 32; names of at most NAME_MAX_CHARS characters)."""
         metrics = RunMetrics(step=step, values=dict(values), time_ms=_now_ms())  # bad input raises here, clearly
-        self._send("update_metrics", self.run_id, step, values, self._seen({"latest_metrics": metrics}))
+        seen = self._seen({"latest_metrics": metrics.model_dump(mode="json")})
+        self._send("update_metrics", self.run_id, step, values, seen)
 
     def finish(self) -> None:
         self._end(RunStatus.FINISHED, None)
@@ -128,18 +132,22 @@ class RunTracker:
             return
         self._ended = True
         end = _now_ms()
-        changes: dict[str, Any] = {"run_status": status, "status_detail": detail}
+        changes: dict[str, Any] = {
+            "run_status": status.value,
+            "status_detail": None if detail is None else truncate_detail(detail),
+        }
         if self._view is not None:
-            changes["end_time_ms"] = max(end, self._view.start_time_ms)
+            changes["end_time_ms"] = max(end, self._view["start_time_ms"])
         self._send("set_status", self.run_id, status.value, detail, end, self._seen(changes))
         self._settle()
 
     def _seen(self, changes: dict[str, Any]) -> dict[str, Any] | None:
-        """Apply ``changes`` to this tracker's view of the run; the view as data (None before ``start``)."""
+        """Apply ``changes`` (JSON-ready, validated) to this tracker's view of the run; the view (None before
+        ``start``)."""
         if self._view is None:
             return None
-        self._view = TrainRunInfo.model_validate({**self._view.model_dump(), **changes})
-        return self._view.model_dump(mode="json")
+        self._view = {**self._view, **changes}
+        return self._view
 
     def _send(self, method: str, *args: Any) -> None:
         actor = self._state_actor()
