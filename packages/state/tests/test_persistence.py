@@ -187,12 +187,12 @@ def test_snapshot_files_are_never_seen_half_written(tmp_path: Path) -> None:
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        for start in range(0, 300, 30):
-            ray.get([actor.register_run.remote(run_doc(index)) for index in range(start, start + 30)], timeout=60)
+        for start in range(0, 200, 20):
+            ray.get([actor.register_run.remote(run_doc(index)) for index in range(start, start + 20)], timeout=60)
         ray.get(actor.flush.remote(), timeout=60)
     finally:
         stop.set()
         reader.join(10)
     assert not torn
-    assert len(Snapshots(Store(str(folder), timeout_s=30)).load().runs) == 300
+    assert len(Snapshots(Store(str(folder), timeout_s=30)).load().runs) == 200
     assert not [name for name in os.listdir(folder) if name.endswith(".tmp")]
