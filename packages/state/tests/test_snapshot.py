@@ -144,3 +144,26 @@ def test_only_changed_runs_are_written_and_the_journal_is_compacted(
     again.persistence(str(tmp_path)).flush()
     assert sorted(again.restored) == sorted(actor.runs)
     assert again.restored["id-7"].run_status is RunStatus.ERRORED
+
+
+def test_an_fsspec_store_holds_the_same_layout_and_sets_aside_what_it_cannot_read() -> None:
+    """The code path of remote stores (listing, one PUT per file, deletes, moves), on fsspec's memory filesystem."""
+    import uuid
+
+    import fsspec
+
+    uri = f"memory://elastrain-state-test-{uuid.uuid4().hex}/state"
+    snapshots = Snapshots(Store(uri, timeout_s=30), cluster_id="c1")
+    snapshots.write_base(1, [document(1), document(2)])
+    snapshots.write_segment(1, 1, [document(3)], removed=["id-1"])
+    loaded = snapshots.load()
+    assert (sorted(loaded.runs), loaded.cluster_id) == (["id-2", "id-3"], "c1")
+    snapshots.write_base(2, [document(2)])
+    assert snapshots.store.names() == [base_name(2)]
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"{uri}/{base_name(3)}", b"not json")
+    fallback = snapshots.load()  # the newest base is unreadable: set aside, and the one before it is read
+    assert "is not valid JSON" in fallback.problems[0]
+    assert (list(fallback.runs), fallback.generation) == (["id-2"], 3)
+    assert sorted(name for name in snapshots.store.names() if name.startswith("base-")) == [base_name(2)]
+    fs.rm(uri.split("/state")[0], recursive=True)

@@ -14,8 +14,8 @@ generation's base, then deletes every file of older generations: a crash in betw
 one is read. File names are never reused, so an old write that lands late cannot overwrite a newer file.
 
 A file that cannot be read (not JSON, not this format, or written by a newer elastrain-state) is moved into a
-``set-aside-<time>/`` folder beside the others, with the segments of its generation when it is the base; the
-actor starts without it.
+``set-aside-<time>/`` folder beside the others, with the segments of its generation when it is a base; an
+older base, if a crashed compaction left one, is read instead, and otherwise the actor starts without them.
 """
 
 from __future__ import annotations
@@ -79,20 +79,24 @@ class Snapshots:
         loaded = Loaded()
         if not bases:
             return loaded
-        generation, name = bases[-1]
-        segments = sorted(
-            (int(m.group(2)), segment)
-            for segment in names
-            if (m := _SEGMENT.match(segment)) and int(m.group(1)) == generation
-        )
-        loaded.generation = generation
-        loaded.next_seq = (segments[-1][0] + 1) if segments else 1
-        try:
-            data = self.store.read(name)
-            base = _decode(data, "base", name)
-        except Unreadable as problem:
-            self._set_aside([name, *(segment for _, segment in segments)], str(problem), loaded)
+        loaded.generation = bases[-1][0]  # the next base is newer than every file seen, even one set aside
+        # The newest base that reads; one that does not is set aside with its segments, and the one before
+        # (left by a compaction that crashed before deleting it) is tried.
+        for generation, name in reversed(bases):
+            segments = sorted(
+                (int(m.group(2)), segment)
+                for segment in names
+                if (m := _SEGMENT.match(segment)) and int(m.group(1)) == generation
+            )
+            try:
+                data = self.store.read(name)
+                base = _decode(data, "base", name)
+                break
+            except Unreadable as problem:
+                self._set_aside([name, *(segment for _, segment in segments)], str(problem), loaded)
+        else:
             return loaded
+        loaded.next_seq = (segments[-1][0] + 1) if segments else 1
         loaded.base_bytes = len(data)
         loaded.cluster_id = base.get("cluster_id") if isinstance(base.get("cluster_id"), str) else None
         self._apply(base["runs"], [], loaded)
