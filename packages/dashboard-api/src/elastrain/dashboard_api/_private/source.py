@@ -1,8 +1,8 @@
 """Where the API's data comes from: the cluster's state actor for runs, Ray's actor table for liveness.
 
-A request makes at most one call to the state actor (after finding it once) and one point lookup per worker
-and controller on the page; never a read of every actor in the cluster. Everything it asks Ray shares one
-deadline, so a slow or unreachable cluster gives a 503 in ``timeout_s``, not a hung request.
+A request makes one call to the state actor (found once and kept; looked up again when it has died) and one
+point lookup per worker and controller on the page; never a read of every actor in the cluster. Everything it
+asks Ray shares one deadline, so a slow or unreachable cluster gives a 503 in ``timeout_s``, not a hung request.
 """
 
 from __future__ import annotations
