@@ -96,7 +96,8 @@ def test_filters(serve: Any) -> None:
         assert all(r["job_id"] == "job-1" and r["name"] == "model-0" for r in both)
 
 
-def test_a_running_run_whose_controller_is_gone_shows_aborted_without_rewriting_it(serve: Any) -> None:
+def test_a_running_run_whose_controller_is_gone_shows_aborted_at_once(serve: Any) -> None:
+    """The page does not wait for the state actor's own check (every driver_check_interval_s) to record it."""
     import ray
 
     actor = get_or_create_state_actor()
@@ -107,7 +108,6 @@ def test_a_running_run_whose_controller_is_gone_shows_aborted_without_rewriting_
     ray.get(actor.register_run.remote(orphan.model_dump(mode="json")), timeout=30)
     with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
         assert http.get("/api/train/runs/run-0000").json()["run_status"] == "ABORTED"
-    assert ray.get(actor.get_run.remote("run-0000"), timeout=30)["run_status"] == "RUNNING"
 
 
 def test_a_replaced_state_actor_is_found_again(serve: Any) -> None:
