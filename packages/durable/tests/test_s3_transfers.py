@@ -3,6 +3,7 @@ aborted on the server when a deadline cancels them, and restores with read-only 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import s3fs
 from conftest import new_bucket, tree_contents
 
 from elastrain.durable import CheckpointNotFoundError, CheckpointStore, FsspecSyncClient, StorageTimeoutError
+from elastrain.durable._private.s3_transfer import S3Transfer
 from elastrain_testutils.storage_servers import SeaweedS3
 
 MIB = 1 << 20
@@ -36,30 +38,83 @@ def big_folder(root: Path, sizes_mib: tuple[int, ...]) -> Path:
     return root
 
 
-def test_parts_move_in_parallel_within_a_one_part_budget(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
-    """A budget of one part in flight: several big files share it without a deadlock, both ways."""
+class CountingTransfer(S3Transfer):
+    """Counts parts in flight (held in memory) to check the budget, and can hold uploads of parts forever."""
+
+    def __init__(self, *args: Any, stall_parts: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stall_parts = stall_parts
+        self.in_flight = self.most_in_flight = self.created = 0
+
+    def _count(self, change: int) -> None:
+        self.in_flight += change
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+
+    async def _create(self, bucket: str, key: str) -> str:
+        self.created += 1
+        return await super()._create(bucket, key)
+
+    async def _part(self, *args: Any) -> dict[str, Any]:
+        self._count(1)
+        try:
+            if self.stall_parts:
+                await asyncio.Event().wait()  # a server that stops answering
+            return await super()._part(*args)
+        finally:
+            self._count(-1)
+
+    async def _get(self, *args: Any) -> bytes:
+        self._count(1)
+        try:
+            return await super()._get(*args)
+        finally:
+            self._count(-1)
+
+
+class CountingClient(FsspecSyncClient):
+    def __init__(self, *args: Any, stall_parts: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.transfer = CountingTransfer(
+            self.filesystem,
+            part_size=self.part_size,
+            max_bytes_in_flight=self.max_bytes_in_flight,
+            max_concurrency=self.max_concurrency,
+            stall_parts=stall_parts,
+        )
+
+    def _s3(self) -> S3Transfer:
+        return self.transfer
+
+
+def test_parts_move_in_parallel_within_the_budget(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
+    """Three parts' budget: several big files share it, parts move several at a time, never more, both ways."""
     source = big_folder(tmp_path / "source", (12, 11, 1))
     bucket = new_bucket(seaweed_s3)
-    client = FsspecSyncClient(raw_fs(seaweed_s3), part_size=5 * MIB, max_bytes_in_flight=5 * MIB)
+    client = CountingClient(raw_fs(seaweed_s3), part_size=5 * MIB, max_bytes_in_flight=15 * MIB)
     with CheckpointStore(f"s3://{bucket}/job", sync_client=client, timeout_s=120) as store:
         committed = store.save(source, step=1)
+        uploaded_at_once = client.transfer.most_in_flight
+        client.transfer.most_in_flight = 0
         store.restore(committed, local_dir=tmp_path / "restored")
     assert tree_contents(tmp_path / "restored") == tree_contents(source)
+    assert 2 <= uploaded_at_once <= 3
+    assert 2 <= client.transfer.most_in_flight <= 3
     assert open_uploads(seaweed_s3, bucket) == []
 
 
 def test_a_deadline_aborts_the_multipart_upload_on_the_server(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
-    source = big_folder(tmp_path / "source", (64,))
+    source = big_folder(tmp_path / "source", (12,))
     bucket = new_bucket(seaweed_s3)
-    client = FsspecSyncClient(raw_fs(seaweed_s3), part_size=5 * MIB, max_bytes_in_flight=10 * MIB)
+    client = CountingClient(raw_fs(seaweed_s3), part_size=5 * MIB, stall_parts=True)
     with pytest.raises(StorageTimeoutError):
-        client.upload(str(source), f"s3://{bucket}/job/checkpoint", timeout_s=0.4)
+        client.upload(str(source), f"s3://{bucket}/job/checkpoint", timeout_s=2)
+    assert client.transfer.created == 1  # the upload was really under way on the server
     assert open_uploads(seaweed_s3, bucket) == []
-    # An upload left open some other way (its writer was killed) goes when its folder is deleted.
+    # An upload left open some other way (its writer was killed) goes when its checkpoint is collected.
     raw = raw_fs(seaweed_s3)
     raw.call_s3("create_multipart_upload", Bucket=bucket, Key="job/checkpoint/part-0.bin")
     assert open_uploads(seaweed_s3, bucket) == ["job/checkpoint/part-0.bin"]
-    client.delete(f"s3://{bucket}/job/checkpoint", timeout_s=30)
+    client._abort_open_uploads(f"s3://{bucket}/job/checkpoint", timeout_s=30)
     assert open_uploads(seaweed_s3, bucket) == []
 
 
@@ -96,7 +151,8 @@ def test_a_read_only_restore_works_without_a_lease(
                         with pytest.raises(CheckpointNotFoundError, match="collected while it was being restored"):
                             racing.restore(racing.latest(), local_dir=tmp_path / target)
                     else:
-                        assert racing.restore(local_dir=tmp_path / target).step == 3
+                        # fallback=True too: an older checkpoint is no substitute for a collected latest.
+                        assert racing.restore(local_dir=tmp_path / target, fallback=True).step == 3
                         assert tree_contents(tmp_path / target) == tree_contents(source)
 
 

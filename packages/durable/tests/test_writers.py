@@ -80,20 +80,32 @@ def test_a_newer_commit_during_an_upload_fences_the_older_one(tmp_path: Path) ->
 
 
 def test_a_late_copy_that_slips_past_the_fence_never_becomes_latest(tmp_path: Path) -> None:
-    """The newer writer commits between the older one's last check and its manifest: the older copy is committed,
-    but ordered by step it is not the latest, and with num_to_keep=1 the older writer's own collection removes
-    its copy, not the newer one."""
+    """The new writer's upload (step 12) began first; the former writer's (step 11) began later, so it has the
+    higher sequence, and commits in the instant after the new one. Ordered by step, it is not the latest, and
+    with num_to_keep=1 the former writer's own collection removes its copy, not the newer one."""
     uri = tmp_path / "store"
-    with CheckpointStore(uri, num_to_keep=1) as new_writer:
-        client = HookedClient(
-            "write",
-            lambda: new_writer.save(folder(tmp_path, "new", b"new"), step=12),
-            when=lambda uri: str(uri).endswith("MANIFEST.json"),
-        )
+    at_gate, release_new = threading.Event(), threading.Event()
+
+    class GatedClient(FsspecSyncClient):
+        def _upload_described(self, local_dir: str, uri: str, *, timeout_s: float) -> Any:
+            at_gate.set()
+            assert release_new.wait(30)
+            return super()._upload_described(local_dir, uri, timeout_s=timeout_s)
+
+    with CheckpointStore(uri, num_to_keep=1, sync_client=GatedClient()) as new_writer:
+        newer = new_writer.save_async(folder(tmp_path, "new", b"new"), step=12)
+        assert at_gate.wait(30)
+
+        def new_writer_commits() -> None:
+            release_new.set()
+            newer.result(30)
+
+        client = HookedClient("write", new_writer_commits, when=lambda uri: str(uri).endswith("MANIFEST.json"))
         with CheckpointStore(uri, num_to_keep=1, sync_client=client) as old_writer:
-            old_writer.save(folder(tmp_path, "old", b"old"), step=11)
+            late = old_writer.save(folder(tmp_path, "old", b"old"), step=11)
             old_writer.wait()  # its collection
             assert client.fired
+            assert late.sequence > newer.result().sequence  # by sequence alone the late copy would be latest
             assert [c.step for c in old_writer.list()] == [12]
             assert [c.step for c in new_writer.list()] == [12]
     reader = CheckpointStore(uri)
@@ -183,3 +195,19 @@ def test_a_stale_copy_is_not_a_persistence_error(tmp_path: Path) -> None:
     persistence.flush(30)  # refused by the fence, logged, not raised: nothing was lost
     assert [c.step for c in persistence.store.list()] == [5]
     persistence.close()
+
+
+def test_a_corrupted_latest_skipped_by_fallback_stops_counting(tmp_path: Path) -> None:
+    """Resuming from an older checkpoint because the newest is corrupted must not leave the corrupted one as
+    latest, refusing every later save below its step."""
+    uri = tmp_path / "store"
+    with CheckpointStore(uri) as store:
+        store.save(folder(tmp_path, "a", b"10"), step=10)
+        corrupted = store.save(folder(tmp_path, "b", b"20"), step=20)
+        (uri / corrupted.name / "state.bin").write_bytes(b"bit rot")
+        assert store.restore(local_dir=tmp_path / "restored", fallback=True).step == 10
+        assert [c.step for c in store.list()] == [10]
+        store.save(folder(tmp_path, "c", b"11"), step=11)  # training goes on from step 10
+        store.wait()
+        assert [c.step for c in store.list()] == [10, 11]
+        assert not (uri / corrupted.name).exists()  # its files went with the collection

@@ -13,7 +13,7 @@ from typing import Any
 MANIFEST_FORMAT = 1
 MANIFEST_DIR = "_manifests"  # one folder per committed checkpoint, holding its manifest only
 MANIFEST_FILE = "MANIFEST.json"
-_NAME = re.compile(r"^checkpoint_(\d{9})_([0-9a-f]{6})$")
+_NAME = re.compile(r"^checkpoint_(\d{9})_([0-9a-f]{6})(\.partial-[0-9a-f]{8})?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +57,11 @@ def sequence_of(name: str) -> int | None:
     """The sequence number of a checkpoint folder's name, or None for names this package did not write."""
     match = _NAME.match(name)
     return int(match.group(1)) if match else None
+
+
+def checkpoint_name(name: str) -> str:
+    """The checkpoint a folder belongs to: ``name`` without the suffix of a local copy in progress."""
+    return name.split(".partial-", 1)[0]
 
 
 def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -109,11 +114,11 @@ def decode_manifest(data: bytes, uri: str) -> Checkpoint:
     )
 
 
-def order_key(checkpoint: Checkpoint) -> tuple[bool, int, int]:
-    """Checkpoints are ordered by step, the state's own progress, then by commit order; ones saved without a
-    step come before those with one. Not by upload order alone: after an elastic reset the former rank 0 may
-    still be uploading an older state while the new one commits a newer."""
-    return (checkpoint.step is not None, checkpoint.step or 0, checkpoint.sequence)
+def order_key(checkpoint: Checkpoint) -> tuple[bool, int, int, str]:
+    """Checkpoints are ordered by step, the state's own progress, then by the order their saves began; ones
+    saved without a step come before those with one. Not by upload order alone: after an elastic reset the
+    former rank 0 may still be uploading an older state while the new one commits a newer."""
+    return (checkpoint.step is not None, checkpoint.step or 0, checkpoint.sequence, checkpoint.name)
 
 
 def score_key(checkpoint: Checkpoint, attribute: str, order: str) -> tuple[int, float]:

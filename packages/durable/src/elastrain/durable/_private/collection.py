@@ -94,7 +94,8 @@ class Collector:
         listed after ``markers`` and ``root`` (``list_markers``, ``list_root``).
         """
         abandoned = self._abandoned(manifests, markers, committed_sequence, root)
-        abandoned += [name for name in sorted(failed) if name not in abandoned and name not in manifests]
+        failed.difference_update(manifests)  # committed after all (a late write): not this store's to collect
+        abandoned += [name for name in sorted(failed) if name not in abandoned]
         if not doomed and not abandoned and not (markers.keys() & manifests):
             return
         busy = self.readers.busy()
@@ -106,12 +107,12 @@ class Collector:
                 # A reader leased it between the two looks: leave its files, marked abandoned for later.
                 self._write_abandoned_marker(name)
                 continue
-            self._delete(self.location.join(name))
+            self._delete_folder(name)
             logger.info("Collected %s.", self.location.display_join(name))
         for name in abandoned:
-            if name in busy or self._committed_now(name):
+            if name in busy or (name == ckpt.checkpoint_name(name) and self._committed_now(name)):
                 continue  # committed since the listings (a writer past its deadline still finished)
-            self._delete(self.location.join(name))
+            self._delete_folder(name)
             if name in markers:
                 self._delete(self._marker_uri(markers[name]))
             failed.discard(name)
@@ -133,7 +134,8 @@ class Collector:
         if root is not None:
             for name in root:
                 sequence = ckpt.sequence_of(name)
-                if sequence is None or name in manifests or name in markers or name in found:
+                checkpoint = ckpt.checkpoint_name(name)  # a local copy in progress carries a suffix
+                if sequence is None or name in manifests or checkpoint in markers or name in found:
                     continue
                 if sequence < committed_sequence:  # a writer that died before it could even leave a marker
                     found.append(name)
@@ -157,6 +159,20 @@ class Collector:
         except FileNotFoundError:
             return False
         return True
+
+    def _delete_folder(self, name: str) -> None:
+        self._delete(self.location.join(name))
+        abort = getattr(self.client, "_abort_open_uploads", None)  # S3: parts of uploads left open are billed
+        if abort is None:
+            return
+        try:
+            self.retry(lambda left: abort(self.location.join(name), timeout_s=left), "aborting open uploads")
+        except Exception as error:  # e.g. no s3:ListBucketMultipartUploads permission: collection goes on
+            logger.info("Could not look for open uploads under %s (%s).", name, type(error).__name__)
+
+    def mark_abandoned(self, name: str) -> None:
+        """Have the next collection remove ``name``'s files (an uncommitted checkpoint)."""
+        self._write_abandoned_marker(name)
 
     def _write_abandoned_marker(self, name: str) -> None:
         document = json.dumps({"started_at": 0.0, "deadline_s": 0.0}).encode()

@@ -64,6 +64,7 @@ class StatePersistence:
         self._idle = threading.Event()
         self._idle.set()
         self._last_error: BaseException | None = None
+        self._refused = 0  # saves refused in a row as older than what is committed
 
     def __getstate__(self) -> dict[str, Any]:
         return {"uri": self.uri, "every": self.every, "_store_options": self._store_options}
@@ -153,8 +154,11 @@ class StatePersistence:
             try:
                 self._persist(*queued)
                 self._last_error = None
+                self._refused = 0
             except StaleCheckpointError as error:  # a newer rank 0 has persisted a later commit: nothing lost
-                logger.info("%s", error)
+                self._refused += 1
+                # Once is expected after a reset; again and again means this worker's copies never count.
+                logger.log(logging.WARNING if self._refused > 1 else logging.INFO, "%s", error)
             except Exception as error:  # reported here and by flush(); training goes on
                 self._last_error = error
                 logger.warning("Persisting elastic state (commit %d) failed: %s", queued[1], error)

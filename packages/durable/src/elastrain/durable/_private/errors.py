@@ -35,3 +35,17 @@ class StaleCheckpointError(DurableError):
 class FilesChangedError(DurableError):
     """Files changed while they were being uploaded (``staging="link"`` with files rewritten in place): the
     checkpoint would not match its manifest, so nothing was committed."""
+
+
+# Tracebacks and reprs name a class by its __module__: the public module, not where it is implemented.
+for _public in (
+    DurableError,
+    CheckpointNotFoundError,
+    CheckpointCorruptedError,
+    StorageError,
+    StorageTimeoutError,
+    CommandFailedError,
+    StaleCheckpointError,
+    FilesChangedError,
+):
+    _public.__module__ = "elastrain.durable"

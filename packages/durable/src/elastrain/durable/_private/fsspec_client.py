@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from elastrain.durable._private import local_transfer as local
 from elastrain.durable._private.checkpoint import FileEntry
-from elastrain.durable._private.errors import StorageTimeoutError
+from elastrain.durable._private.errors import StorageError, StorageTimeoutError
 from elastrain.durable._private.files import walk_files
 from elastrain.durable._private.s3_transfer import MIN_PART_SIZE, S3Transfer, gather_bounded, is_s3
 from elastrain.durable._private.sync_client import SyncClient
@@ -91,7 +92,10 @@ class FsspecSyncClient(SyncClient):
         """Upload and describe the bytes sent; None (nothing done) where this filesystem cannot tell them."""
         if self.filesystem is None:
             target = _local(uri)
-            return local.run_with_deadline(lambda: local.copy_tree(local_dir, target), timeout_s, f"copying to {uri}")
+            gave_up = threading.Event()
+            return local.run_with_deadline(
+                lambda: local.copy_tree(local_dir, target, gave_up), timeout_s, f"copying to {uri}", gave_up
+            )
         if not is_s3(self.filesystem):
             return None
         base = self.filesystem._strip_protocol(uri).rstrip("/")
@@ -130,11 +134,12 @@ class FsspecSyncClient(SyncClient):
         """Download and describe the bytes received; None (nothing done) where this filesystem cannot tell them."""
         if self.filesystem is None:
             source = _local(uri)
+            gave_up = threading.Event()
 
             def copy() -> list[FileEntry]:
-                return local.copy_tree(source, local_dir) if os.path.isdir(source) else []
+                return local.copy_tree(source, local_dir, gave_up) if os.path.isdir(source) else []
 
-            return local.run_with_deadline(copy, timeout_s, f"copying {uri}")
+            return local.run_with_deadline(copy, timeout_s, f"copying {uri}", gave_up)
         if not is_s3(self.filesystem):
             return None
         fs = self.filesystem
@@ -169,8 +174,6 @@ class FsspecSyncClient(SyncClient):
                 if found:
                     await fs._rm(found)
                     await _remove_folder_entries(fs, base, found)
-                if is_s3(fs) and "/" in base:
-                    await self._s3().abort_open_uploads(base)
                 fs.invalidate_cache(base)
 
             self._run_async(remove, timeout_s, f"deleting {uri}")
@@ -182,6 +185,14 @@ class FsspecSyncClient(SyncClient):
                 fs.invalidate_cache(base)
 
             local.run_with_deadline(remove_blocking, timeout_s, f"deleting {uri}")
+
+    def _abort_open_uploads(self, uri: str, *, timeout_s: float) -> None:
+        """S3 only: abort multipart uploads left open under a deleted checkpoint folder (a writer killed
+        mid-upload, or an abort that failed); elsewhere nothing. Needs s3:ListBucketMultipartUploads."""
+        if not is_s3(self.filesystem):
+            return
+        base = self.filesystem._strip_protocol(uri).rstrip("/")
+        self._run_async(lambda: self._s3().abort_open_uploads(base), timeout_s, f"aborting uploads under {uri}")
 
     # -- small files --------------------------------------------------------------------------------------------
 
@@ -245,7 +256,10 @@ class FsspecSyncClient(SyncClient):
 
     def write_bytes(self, uri: str, data: bytes, *, timeout_s: float) -> None:
         if self.filesystem is None:
-            local.run_with_deadline(lambda: local.durable_write(_local(uri), data), timeout_s, f"writing {uri}")
+            gave_up = threading.Event()
+            local.run_with_deadline(
+                lambda: local.durable_write(_local(uri), data, gave_up), timeout_s, f"writing {uri}", gave_up
+            )
             return
         fs = self.filesystem
         path = fs._strip_protocol(uri)
@@ -272,23 +286,27 @@ class FsspecSyncClient(SyncClient):
     def _run_async(self, make: Callable[[], Awaitable[T]], timeout_s: float, what: str) -> T:
         from fsspec.asyn import sync
 
-        timed_out = []
+        # Errors come out in a box: fsspec's sync() turns any TimeoutError (ours too) into its own.
+        failed: list[BaseException] = []
 
         async def bounded() -> T | None:
+            deadline = asyncio.timeout(max(timeout_s, 0.001))
             try:
-                return await asyncio.wait_for(_as_coroutine(make()), timeout=max(timeout_s, 0.001))
-            except TimeoutError:
-                timed_out.append(True)  # raised out here: fsspec turns any TimeoutError into its own
+                async with deadline:
+                    return await make()
+            except TimeoutError as error:
+                failed.append(error if not deadline.expired() else _DEADLINE)
                 return None
 
         result = sync(self.filesystem.loop, bounded)
-        if timed_out:
+        if failed and failed[0] is _DEADLINE:
             raise StorageTimeoutError(f"Gave up {what} after its deadline of {timeout_s:.1f} s.")
+        if failed:  # a timeout of the connection itself (aiohttp's), well within the deadline: retried
+            raise StorageError(f"{what}: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
         return result  # type: ignore[no-any-return]
 
 
-async def _as_coroutine(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+_DEADLINE = TimeoutError("the deadline passed")
 
 
 async def _remove_folder_entries(fs: Any, base: str, files: list[str]) -> None:
@@ -332,3 +350,10 @@ def _local(uri: str) -> str:
 def _read_local(path: str) -> bytes:
     with open(path, "rb") as reader:
         return reader.read()
+
+
+def transfers_described(client: SyncClient, operation: str) -> TypeGuard[FsspecSyncClient]:
+    """Whether ``client`` is the default one for ``operation`` (a subclass that overrides it is used as is)."""
+    return isinstance(client, FsspecSyncClient) and getattr(type(client), operation) is getattr(
+        FsspecSyncClient, operation
+    )

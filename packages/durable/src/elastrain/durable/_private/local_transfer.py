@@ -26,8 +26,12 @@ _CHUNK = 8 << 20
 _COPY_THREADS = 4
 
 
-def run_with_deadline(fn: Callable[[], T], timeout_s: float, what: str) -> T:
-    """``fn()`` in a daemon thread; ``StorageTimeoutError`` once ``timeout_s`` passes without it returning."""
+def run_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, abandoned: threading.Event | None = None) -> T:
+    """``fn()`` in a daemon thread; ``StorageTimeoutError`` once ``timeout_s`` passes without it returning.
+
+    ``abandoned`` is set then: ``fn`` checks it where it can, so a call that wakes up late stops (and, above all,
+    never finishes a write the caller has given up on and may have retried).
+    """
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -40,6 +44,8 @@ def run_with_deadline(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     thread.start()
     thread.join(max(timeout_s, 0.001))
     if thread.is_alive():
+        if abandoned is not None:
+            abandoned.set()
         raise StorageTimeoutError(
             f"Gave up {what} after its deadline of {timeout_s:.1f} s (is the storage hung or unreachable?)."
         )
@@ -49,14 +55,35 @@ def run_with_deadline(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     return value
 
 
-def copy_tree(source_dir: str, target_dir: str) -> list[FileEntry]:
-    """Copy every file under ``source_dir`` below ``target_dir`` (fsynced); the entries describe what was read."""
+def copy_tree(source_dir: str, target_dir: str, abandoned: threading.Event) -> list[FileEntry]:
+    """Copy every file under ``source_dir`` to ``target_dir`` (fsynced); the entries describe what was read.
+
+    The files go to a sibling folder of this attempt's own, renamed to ``target_dir`` at the end (replacing what
+    an earlier attempt left there): an attempt abandoned at its deadline that wakes up later never overwrites
+    the files of the retry that replaced it.
+    """
     pairs = walk_files(source_dir)
-    results = _map_daemon(lambda pair: copy_file(pair[0], os.path.join(target_dir, pair[1])), pairs)
+    partial = f"{target_dir.rstrip(os.sep)}{PARTIAL_SUFFIX}{uuid.uuid4().hex[:8]}"
+    try:
+        results = _map_daemon(
+            lambda pair: copy_file(pair[0], os.path.join(partial, pair[1]), abandoned), pairs, abandoned
+        )
+        os.makedirs(partial, exist_ok=True)
+        if abandoned.is_set():
+            raise StorageTimeoutError("abandoned at its deadline")
+        if os.path.isdir(target_dir) and os.listdir(target_dir):
+            shutil.rmtree(target_dir)  # an earlier attempt's leftovers (names are never shared between saves)
+        os.replace(partial, target_dir)
+    finally:
+        remove(partial)
     return [FileEntry(relative, size, digest) for (_, relative), (size, digest) in zip(pairs, results, strict=True)]
 
 
-def copy_file(source: str, target: str) -> tuple[int, str]:
+# What a copy in progress is called next to its target (collection recognizes and removes leftovers).
+PARTIAL_SUFFIX = ".partial-"
+
+
+def copy_file(source: str, target: str, abandoned: threading.Event | None = None) -> tuple[int, str]:
     """Copy and fsync (a commit that follows must not outlive the data it points at); size and SHA-256 of the
     bytes copied, which are the ones that count even if the source changes meanwhile."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -64,6 +91,8 @@ def copy_file(source: str, target: str) -> tuple[int, str]:
     size = 0
     with open(source, "rb") as reader, open(target, "wb") as writer:
         while chunk := reader.read(_CHUNK):
+            if abandoned is not None and abandoned.is_set():
+                raise StorageTimeoutError("abandoned at its deadline")
             digest.update(chunk)
             writer.write(chunk)
             size += len(chunk)
@@ -72,8 +101,10 @@ def copy_file(source: str, target: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def durable_write(path: str, data: bytes) -> None:
-    """Write to a temporary name, fsync, rename over, fsync the folder: readers see nothing or everything."""
+def durable_write(path: str, data: bytes, abandoned: threading.Event | None = None) -> None:
+    """Write to a temporary name, fsync, rename over, fsync the folder: readers see nothing or everything.
+
+    A write abandoned at its deadline never renames: a manifest must not appear after its save gave up."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
@@ -82,6 +113,8 @@ def durable_write(path: str, data: bytes) -> None:
             writer.write(data)
             writer.flush()
             os.fsync(writer.fileno())
+        if abandoned is not None and abandoned.is_set():
+            raise StorageTimeoutError("abandoned at its deadline")
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -102,7 +135,7 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
-def _map_daemon(fn: Callable[[Any], T], items: list[Any]) -> list[T]:
+def _map_daemon(fn: Callable[[Any], T], items: list[Any], abandoned: threading.Event) -> list[T]:
     """``[fn(item) ...]`` on up to four daemon threads (a pool's threads would be joined at exit, and one stuck
     on a hung mount would then hold the process); the first error is raised once all have stopped."""
     if len(items) <= 1:
@@ -114,7 +147,7 @@ def _map_daemon(fn: Callable[[Any], T], items: list[Any]) -> list[T]:
         work.put(index)
 
     def worker() -> None:
-        while not errors:
+        while not errors and not abandoned.is_set():
             try:
                 index = work.get_nowait()
             except queue.Empty:

@@ -51,13 +51,12 @@ class S3Transfer:
         bucket, key, _ = self.fs.split_path(path)
         digest = hashlib.sha256()
         with open(source, "rb") as reader:
-            if os.fstat(reader.fileno()).st_size < 2 * self.part_size:
+            if os.fstat(reader.fileno()).st_size < self.part_size:  # one request, within one part's slot
                 async with slots:
                     data = await asyncio.to_thread(_read_hashed, reader, -1, digest)
                     await self.fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data)
                 return len(data), digest.hexdigest()
-            upload = await self.fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
-            upload_id = upload["UploadId"]
+            upload_id = await self._create(bucket, key)
             parts: list[asyncio.Task[dict[str, Any]]] = []
             size = 0
             try:
@@ -84,6 +83,22 @@ class S3Transfer:
                 await self.abort(bucket, key, upload_id)
                 raise
         return size, digest.hexdigest()
+
+    async def _create(self, bucket: str, key: str) -> str:
+        """Start a multipart upload; cancelled meanwhile (a deadline), it is still aborted once it exists: the
+        server may have created it although the answer never arrived."""
+        creating = asyncio.ensure_future(self.fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key))
+        try:
+            answer = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            try:
+                answer = await asyncio.wait_for(creating, _ABORT_TIMEOUT_S)
+            except BaseException:
+                raise asyncio.CancelledError from None  # it never got an id: nothing to abort
+            await self.abort(bucket, key, answer["UploadId"])
+            raise
+        upload_id: str = answer["UploadId"]
+        return upload_id
 
     async def _part(
         self, bucket: str, key: str, upload_id: str, number: int, chunk: bytes, slots: asyncio.Semaphore

@@ -29,14 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from elastrain.durable._private import checkpoint as ckpt
-from elastrain.durable._private.checkpoint import Checkpoint, FileEntry
+from elastrain.durable._private import restoring, uploading
+from elastrain.durable._private.checkpoint import Checkpoint
 from elastrain.durable._private.checks import check_options, check_writable
 from elastrain.durable._private.collection import Collector
 from elastrain.durable._private.errors import (
-    CheckpointCorruptedError,
-    CheckpointNotFoundError,
     StaleCheckpointError,
-    StorageError,
     StorageTimeoutError,
 )
 from elastrain.durable._private.fsspec_client import FsspecSyncClient
@@ -47,26 +45,16 @@ from elastrain.durable._private.retry import with_retries
 from elastrain.durable._private.staging import (
     STAGING_MODES,
     StagingMode,
-    check_unchanged,
-    describe,
     stage,
-    stamps,
-    verify_folder,
 )
 from elastrain.durable._private.sync_client import SyncClient
 
 logger = logging.getLogger("elastrain.durable")
 
-# A restore's lease outlives its deadline by this much (clock differences between machines).
-_LEASE_MARGIN_S = 300.0
 # Reading manifests is a small, quick operation: it gets its own deadline.
 _METADATA_TIMEOUT_S = 120.0
-# restore() of the latest checkpoint looks again this often when collection takes the one it chose.
-_LATEST_ATTEMPTS = 3
-
-
-class _CollectedWhileRestoringError(CheckpointNotFoundError):
-    """The checkpoint being restored was collected meanwhile (only possible without a reader lease)."""
+# Manifests read at once: one metadata deadline per batch (clients that run a command per file are slow).
+_MANIFEST_BATCH = 32
 
 
 class CheckpointStore:
@@ -229,7 +217,7 @@ class CheckpointStore:
             sequence = self._allocate_sequence(deadline)
             name = ckpt.new_name(sequence)
             self._collector.mark_pending(name, self.timeout_s, deadline)
-            files = self._upload(staged, name, staging, deadline)
+            files = uploading.upload_described(self, staged, name, staging, deadline)
             self._fence(step, deadline, uploaded=name)  # again: another writer may have committed meanwhile
             manifest = ckpt.encode_manifest(
                 name=name, sequence=sequence, step=step, metrics=metrics, created_at=time.time(), files=files
@@ -239,9 +227,11 @@ class CheckpointStore:
                 f"committing {self.location.display_join(name)}",
                 deadline=deadline,
             )
-        except BaseException:
-            if name:
-                self._failed_uploads.add(name)  # collected by the next commit's collection
+        except BaseException as error:
+            # Collected by the next commit's collection; not one that timed out: a write abandoned at its
+            # deadline might still land, so its marker's deadline (plus margin) decides instead.
+            if name and not isinstance(error, TimeoutError):
+                self._failed_uploads.add(name)
             raise
         finally:
             if owned:
@@ -252,33 +242,6 @@ class CheckpointStore:
             self._manifests[name] = checkpoint
         logger.info("Committed %s (%d files, %d bytes).", checkpoint.uri, len(files), checkpoint.total_bytes)
         return checkpoint
-
-    def _upload(self, staged: Path, name: str, staging: StagingMode | None, deadline: float) -> list[FileEntry]:
-        """Upload ``staged`` under ``name``; the manifest's entries describe the bytes that were uploaded."""
-        data_uri = self.location.join(name)
-        what = f"uploading {self.location.display_join(name)}"
-        if isinstance(self.client, FsspecSyncClient):
-            # Checksums of the bytes as they are sent: a file rewritten meanwhile cannot mismatch its manifest.
-            client = self.client
-            described = self._retry(
-                lambda left: client._upload_described(str(staged), data_uri, timeout_s=left), what, deadline=deadline
-            )
-            if described is not None:
-                return list(described)
-        # Other clients read the files themselves: checksum first and check afterwards that nothing changed
-        # where the files are not a private copy; otherwise checksum while uploading (both read the same pages).
-        if staging != "copy" and staging != "move":
-            before = stamps(staged)
-            files = describe(staged)
-            self._retry(lambda left: self.client.upload(str(staged), data_uri, timeout_s=left), what, deadline=deadline)
-            check_unchanged(staged, before)
-            return files
-        hashing = self._hashing.submit(describe, staged)
-        try:
-            self._retry(lambda left: self.client.upload(str(staged), data_uri, timeout_s=left), what, deadline=deadline)
-            return hashing.result(timeout=max(deadline - time.monotonic(), 0.001))
-        finally:
-            concurrent.futures.wait([hashing], timeout=max(deadline - time.monotonic(), 0.001))
 
     def _fence(self, step: int | None, deadline: float, uploaded: str = "") -> None:
         """Refuse to commit a step older than one already committed (a former writer's late copy)."""
@@ -356,45 +319,7 @@ class CheckpointStore:
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise FileExistsError(f"restore writes into a new or empty folder; {str(target)!r} is not empty.")
         check_writable(str(target.parent), "the folder to restore into")
-        for attempt in range(_LATEST_ATTEMPTS):
-            try:
-                return self._restore_first(self._restore_candidates(checkpoint, fallback), target)
-            except _CollectedWhileRestoringError as error:
-                if checkpoint is not None or attempt + 1 == _LATEST_ATTEMPTS:
-                    raise
-                logger.warning("%s; restoring the latest checkpoint now.", error)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _restore_first(self, candidates: builtins.list[Checkpoint], target: Path) -> Checkpoint:
-        """Restore the first candidate that is intact; the next ones are fallbacks for a corrupted one."""
-        for index, candidate in enumerate(candidates):
-            try:
-                with self._readers.reading(candidate.name, lease_s=self.timeout_s + _LEASE_MARGIN_S) as lease:
-                    # Look again now that the lease is there: collection may have taken it just before.
-                    if self._read_manifest(candidate.name) is None:
-                        raise _CollectedWhileRestoringError(
-                            f"{candidate.uri} was collected while the restore began; committed now: "
-                            f"{', '.join(c.name for c in self.list()) or 'none'}."
-                        )
-                    try:
-                        self._restore_one(candidate, target)
-                    except (CheckpointCorruptedError, FileNotFoundError, StorageError) as error:
-                        # Without a lease, collection may delete the files mid-download: say so, not "corrupted".
-                        if lease.held or self._read_manifest(candidate.name) is not None:
-                            raise
-                        raise _CollectedWhileRestoringError(
-                            f"{candidate.uri} was collected while it was being restored without a reader lease "
-                            f"({lease.problem}); the files read were discarded ({type(error).__name__})."
-                        ) from None
-                return candidate
-            except CheckpointNotFoundError:
-                if index + 1 == len(candidates):
-                    raise
-            except CheckpointCorruptedError as error:
-                if index + 1 == len(candidates):
-                    raise
-                logger.warning("%s; falling back to the previous checkpoint.", error)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return restoring.restore(self, checkpoint, target, fallback)
 
     def restore_async(
         self,
@@ -415,46 +340,6 @@ class CheckpointStore:
         fallback: bool = False,
     ) -> Checkpoint:
         return await self.restore_async(checkpoint, local_dir=local_dir, fallback=fallback)
-
-    def _restore_candidates(self, checkpoint: Checkpoint | str | None, fallback: bool) -> builtins.list[Checkpoint]:
-        committed = self.list()
-        if not committed:
-            raise CheckpointNotFoundError(f"No committed checkpoint under {self.location.display}.")
-        if checkpoint is None:
-            chosen = committed[-1]
-        else:
-            name = checkpoint.name if isinstance(checkpoint, Checkpoint) else str(checkpoint)
-            matches = [c for c in committed if c.name == name]
-            if not matches:
-                raise CheckpointNotFoundError(
-                    f"No committed checkpoint {name!r} under {self.location.display} (it may have been collected); "
-                    f"committed: {', '.join(c.name for c in committed)}."
-                )
-            chosen = matches[0]
-        if not fallback:
-            return [chosen]
-        return [chosen] + [c for c in reversed(committed) if ckpt.order_key(c) < ckpt.order_key(chosen)]
-
-    def _restore_one(self, checkpoint: Checkpoint, target: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        scratch = target.parent / f".{target.name}.restoring-{uuid.uuid4().hex[:8]}"
-        scratch.mkdir()
-        try:
-            data_uri = self.location.join(checkpoint.name)
-            what = f"downloading {checkpoint.uri}"
-            observed = None
-            if isinstance(self.client, FsspecSyncClient):  # checksums while the bytes arrive: no second read
-                observed = self._retry(
-                    lambda left: self.client._download_described(data_uri, str(scratch), timeout_s=left), what
-                )
-            if observed is None:
-                self._retry(lambda left: self.client.download(data_uri, str(scratch), timeout_s=left), what)
-            verify_folder(scratch, checkpoint, observed)
-            if target.exists():
-                target.rmdir()
-            os.replace(scratch, target)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
 
     # -- flushing --------------------------------------------------------------------------------------------
 
@@ -520,7 +405,8 @@ class CheckpointStore:
     ) -> builtins.list[Checkpoint]:
         """Committed checkpoints, from ``listed`` (the names under ``_manifests``) or a fresh listing, oldest first.
 
-        Manifests not seen before are read in one batch (a new process may find hundreds).
+        Manifests not seen before are read in batches (a new process may find hundreds), each batch under its own
+        metadata deadline, and what a batch read is kept even if a later one fails.
         """
         if listed is None:
             listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR), deadline=deadline)
@@ -528,10 +414,10 @@ class CheckpointStore:
         with self._manifest_lock:
             known = {name: self._manifests[name] for name in names if name in self._manifests}
         unknown = [name for name in names if name not in known]
-        if unknown:
-            uris = {self._manifest_uri(name): name for name in unknown}
+        for start in range(0, len(unknown), _MANIFEST_BATCH):
+            uris = {self._manifest_uri(name): name for name in unknown[start : start + _MANIFEST_BATCH]}
             found = self._retry(
-                lambda left: self.client.read_many(list(uris), timeout_s=left),
+                lambda left, batch=list(uris): self.client.read_many(batch, timeout_s=left),
                 f"reading {len(uris)} manifests",
                 timeout_s=_METADATA_TIMEOUT_S,
                 deadline=deadline,
@@ -540,6 +426,8 @@ class CheckpointStore:
                 checkpoint = None if data is None else self._decode(data, uris[uri])
                 if checkpoint is not None:
                     known[checkpoint.name] = checkpoint
+                    with self._manifest_lock:
+                        self._manifests[checkpoint.name] = checkpoint
         with self._manifest_lock:
             self._manifests.update(known)
             for gone in set(self._manifests) - set(names):

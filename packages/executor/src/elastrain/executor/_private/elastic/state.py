@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from typing import Any
 from elastrain.executor._private.elastic import runtime
 from elastrain.executor._private.elastic.collectives import broadcast_object
 from elastrain.executor._private.elastic.handlers import StateHandler, handler_for
+
+logger = logging.getLogger("elastrain.executor")
 
 # State's own bookkeeping lives under this one attribute, so no user value can clash with it.
 _BOOK = "_elastic"
@@ -129,7 +132,10 @@ class State:
         persistence = book.persistence
         rank_changed = getattr(persistence, "rank_changed", None)
         if callable(rank_changed):
-            rank_changed(runtime.rank())
+            try:  # before a collective: raising here would leave the other ranks waiting in it
+                rank_changed(runtime.rank())
+            except Exception as error:
+                logger.warning("persistence.rank_changed failed (%s); persisting goes on.", error)
         source, best, skip = runtime.commit_counts(book.commits, skip_sync)
         if best == 0 and persistence is not None:
             name = broadcast_object(persistence.latest() if runtime.rank() == source else None, source)
