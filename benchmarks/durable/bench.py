@@ -66,31 +66,44 @@ def measure_round(
     linked = store.save_async(source, step=round_, staging="link")
     record("save_async link blocked", time.perf_counter() - started)
     linked.result()
-    record("save", timed(lambda: store.save(source)))
-    store.wait()
-    target = f"bench/raw-{round_}"
-    record("s3fs put", timed(lambda: raw.put(str(source), target, recursive=True)))
-    raw.rm(target, recursive=True)
-    arrow_target = f"bench/arrow-{round_}"
-    record(
-        "pyarrow copy_files",
-        timed(lambda: pyarrow.fs.copy_files(str(source), arrow_target, destination_filesystem=arrow)),
-    )
-    raw.rm(arrow_target, recursive=True)
-    restored = scratch / f"restored-{round_}"
-    record("restore", timed(lambda: store.restore(local_dir=restored)))
-    shutil.rmtree(restored)
+    store.wait()  # its collection too: it runs in the upload thread, ahead of the next upload
+
+    # Throughput: the uploads, then the downloads, each in an order that rotates every round (the first
+    # transfer after a burst of writes is slower on this server; no variant should always be first).
+    target, arrow_target = f"bench/raw-{round_}", f"bench/arrow-{round_}"
+    uploads: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+        ("save", lambda: store.save(source), store.wait),  # the collection after it is not timed
+        ("s3fs put", lambda: raw.put(str(source), target, recursive=True), lambda: raw.rm(target, recursive=True)),
+        (
+            "pyarrow copy_files",
+            lambda: pyarrow.fs.copy_files(str(source), arrow_target, destination_filesystem=arrow),
+            lambda: raw.rm(arrow_target, recursive=True),
+        ),
+    ]
+    for name, run, clean in rotated(uploads, round_):
+        record(name, timed(run))
+        clean()
     latest = store.latest()
     assert latest is not None
-    fetched = scratch / f"fetched-{round_}"
-    record("s3fs get", timed(lambda: raw.get(f"bench/store/{latest.name}/", str(fetched), recursive=True)))
-    shutil.rmtree(fetched)
-    fetched.mkdir()  # pyarrow creates files, not the folder
-    record(
-        "pyarrow copy_files get",
-        timed(lambda: pyarrow.fs.copy_files(f"bench/store/{latest.name}", str(fetched), source_filesystem=arrow)),
-    )
-    shutil.rmtree(fetched)
+    restored, fetched, arrowed = (scratch / f"{kind}-{round_}" for kind in ("restored", "fetched", "arrowed"))
+    arrowed.mkdir()  # pyarrow creates files, not the folder
+    downloads: list[tuple[str, Callable[[], object], Path]] = [
+        ("restore", lambda: store.restore(local_dir=restored), restored),
+        ("s3fs get", lambda: raw.get(f"bench/store/{latest.name}/", str(fetched), recursive=True), fetched),
+        (
+            "pyarrow copy_files get",
+            lambda: pyarrow.fs.copy_files(f"bench/store/{latest.name}", str(arrowed), source_filesystem=arrow),
+            arrowed,
+        ),
+    ]
+    for name, run, folder in rotated(downloads, round_):
+        record(name, timed(run))
+        shutil.rmtree(folder)
+
+
+def rotated(items: list[Any], by: int) -> list[Any]:
+    shift = by % len(items)
+    return items[shift:] + items[:shift]
 
 
 def measure_listing(options: dict[str, Any], record: Callable[[str, float], None]) -> None:

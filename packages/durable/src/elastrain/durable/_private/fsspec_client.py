@@ -42,7 +42,7 @@ class FsspecSyncClient(SyncClient):
         *,
         max_concurrency: int = 8,
         part_size: int = 16 * _MIB,
-        max_bytes_in_flight: int = 128 * _MIB,
+        max_bytes_in_flight: int = 256 * _MIB,
     ) -> None:
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be an int of at least 1, got {max_concurrency!r}.")
