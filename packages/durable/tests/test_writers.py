@@ -49,6 +49,19 @@ class HookedClient(FsspecSyncClient):
         return super().list_names(uri, timeout_s=timeout_s)
 
 
+class GatedClient(FsspecSyncClient):
+    """The local client whose uploads wait at a gate until released (a writer whose upload is under way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at_gate, self.release = threading.Event(), threading.Event()
+
+    def _upload_described(self, local_dir: str, uri: str, *, timeout_s: float) -> Any:
+        self.at_gate.set()
+        assert self.release.wait(30)
+        return super()._upload_described(local_dir, uri, timeout_s=timeout_s)
+
+
 def test_a_save_older_than_the_committed_step_is_refused(tmp_path: Path) -> None:
     uri = tmp_path / "store"
     with CheckpointStore(uri, num_to_keep=2) as new_writer, CheckpointStore(uri, num_to_keep=2) as old_writer:
@@ -84,15 +97,10 @@ def test_a_late_copy_that_slips_past_the_fence_never_becomes_latest(tmp_path: Pa
     higher sequence, and commits in the instant after the new one. Ordered by step, it is not the latest, and
     with num_to_keep=1 the former writer's own collection removes its copy, not the newer one."""
     uri = tmp_path / "store"
-    at_gate, release_new = threading.Event(), threading.Event()
+    gated = GatedClient()
+    at_gate, release_new = gated.at_gate, gated.release
 
-    class GatedClient(FsspecSyncClient):
-        def _upload_described(self, local_dir: str, uri: str, *, timeout_s: float) -> Any:
-            at_gate.set()
-            assert release_new.wait(30)
-            return super()._upload_described(local_dir, uri, timeout_s=timeout_s)
-
-    with CheckpointStore(uri, num_to_keep=1, sync_client=GatedClient()) as new_writer:
+    with CheckpointStore(uri, num_to_keep=1, sync_client=gated) as new_writer:
         newer = new_writer.save_async(folder(tmp_path, "new", b"new"), step=12)
         assert at_gate.wait(30)
 
@@ -117,15 +125,10 @@ def test_collection_never_takes_an_upload_that_commits_while_it_lists(tmp_path: 
     """Writer B's upload began before writer A's (a lower sequence) and commits, with a later step, while A's
     collection lists the store."""
     uri = tmp_path / "store"
-    at_gate, release_b = threading.Event(), threading.Event()
+    gated = GatedClient()
+    at_gate, release_b = gated.at_gate, gated.release
 
-    class GatedClient(FsspecSyncClient):
-        def _upload_described(self, local_dir: str, uri: str, *, timeout_s: float) -> Any:
-            at_gate.set()
-            assert release_b.wait(30)
-            return super()._upload_described(local_dir, uri, timeout_s=timeout_s)
-
-    with CheckpointStore(uri, sync_client=GatedClient()) as writer_b:
+    with CheckpointStore(uri, sync_client=gated) as writer_b:
         b_future = writer_b.save_async(folder(tmp_path, "b", b"B"), step=3)
         assert at_gate.wait(30)  # B has its sequence and its marker; its files are on the way
 
