@@ -432,10 +432,11 @@ def integration(session: nox.Session, scenario: str) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: an elastic training run on a local Ray that loses a worker and recovers, with checkpoints,
-    run tracking and the dashboard. ``-- --address ADDR --storage s3://...`` points it elsewhere."""
+    """The main job: an elastic training run (a small CNN on scikit-learn's digits) on a local Ray that loses a
+    worker and recovers, with checkpoints, run tracking and the dashboard. ``-- --address ADDR --storage s3://...``
+    points it elsewhere."""
     install_packages(session, "executor", "durable", "state", "dashboard-api", extras={"durable": ("s3", "gcs")})
-    session.install(*CONSTRAINTS, "torch", "numpy")
+    session.install(*CONSTRAINTS, "torch", "numpy", "scikit-learn", "tqdm")
     session.run("python", str(ROOT / "integration" / "demo" / "demo.py"), *session.posargs, env=RAY_ENV)
 
 

@@ -1,6 +1,10 @@
 """elastrain-discovery installs alone and keeps the elastrain namespace open."""
 
-from elastrain_testutils.packaging import assert_installs_alone, assert_namespace_not_masked
+from elastrain_testutils.packaging import (
+    assert_exceptions_named_publicly,
+    assert_installs_alone,
+    assert_namespace_not_masked,
+)
 
 
 def test_installs_without_pydantic_torch_or_other_elastrain_packages() -> None:
@@ -17,3 +21,7 @@ def test_import_does_not_import_ray() -> None:
 
     code = "import sys, elastrain.discovery; print('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_exceptions_print_their_public_names() -> None:
+    assert_exceptions_named_publicly("elastrain.discovery")

@@ -67,6 +67,19 @@ def assert_namespace_not_masked(module_name: str) -> None:
         assert hasattr(module, name), f"{module_name}.__all__ lists {name!r}, which it does not define."
 
 
+def assert_exceptions_named_publicly(module_name: str) -> None:
+    """Tracebacks and reprs name a class by its ``__module__``: the public exceptions of ``module_name`` must say
+    ``module_name`` (``elastrain.executor.WorkerError``), not the private module that defines them."""
+    module = importlib.import_module(module_name)
+    for name in getattr(module, "__all__", ()):
+        value = getattr(module, name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            assert value.__module__ == module_name, (
+                f"{module_name}.{name} prints as {value.__module__}.{value.__qualname__}: set its __module__ to "
+                f"{module_name!r}."
+            )
+
+
 def check_installed_from_checkout(repo_root: Path) -> list[str]:
     """Problems with elastrain distributions that did not come from ``repo_root`` (e.g. from an index)."""
     problems = []

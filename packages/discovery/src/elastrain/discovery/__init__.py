@@ -18,6 +18,11 @@ from elastrain.discovery._private.script import ScriptHostDiscovery
 from elastrain.discovery._private.static import StaticHostDiscovery
 from elastrain.discovery._version import __version__
 
+# Tracebacks and reprs name a class by its __module__: the public module, not where it is implemented.
+for _public in (HostDiscoveryError, HostDiscoveryClosedError, AllHostsBlacklistedError, HostManagerStoppedError):
+    _public.__module__ = __name__
+del _public
+
 __all__ = [
     # discoveries
     "HostDiscovery",

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from elastrain.executor._private.backends.base import WorkerGroup
-from elastrain.executor._private.errors import WorkerDiedError, WorkerError, worker_actor_died
+from elastrain.executor._private.errors import WorkerDiedError, worker_actor_died, worker_error
 from elastrain.executor._private.placement import WorkerPlacement, wait_ready
+from elastrain.executor._private.tracebacks import strip_ansi
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -45,20 +46,22 @@ class WorkerCalls(WorkerGroup):
         """
         import ray
 
+        failed = (ray.exceptions.RayTaskError, ray.exceptions.RayActorError, ray.exceptions.UnserializableException)
         pending = {ref: rank for rank, ref in enumerate(refs)}
         while True:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_S)
             if len(ready) == len(pending):
                 try:  # the common case: every call done, fetched in one round trip
                     return list(ray.get(list(refs)))
-                except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError):
+                except failed:
                     pass  # find out which rank failed, below
             for ref in ready:
                 rank = pending.pop(ref)
                 try:
                     ray.get(ref)
-                except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as error:
-                    raise self._failure(rank, error, pending) from _cause(error)
+                except failed as error:
+                    # from None: the message holds the worker's traceback; its cause is the error's `cause`.
+                    raise self._failure(rank, error, pending) from None
 
     def _failure(self, rank: int, error: Exception, others: dict[Any, int]) -> Exception:
         import ray
@@ -67,9 +70,9 @@ class WorkerCalls(WorkerGroup):
         died = worker_actor_died(error)
         failure: Exception
         if died:
-            failure = WorkerDiedError(rank, node_id, _first_line(str(error)))
+            failure = WorkerDiedError(rank, node_id, _first_line(strip_ansi(str(error))))
         else:
-            failure = WorkerError(rank, node_id, _remote_traceback(error), _cause(error))
+            failure = worker_error(rank, node_id, error)
         still_running: list[Any] = []
         if others:
             _, still_running = ray.wait(list(others), num_returns=len(others), timeout=_FAILURE_GRACE_S)
@@ -78,16 +81,6 @@ class WorkerCalls(WorkerGroup):
             self._on_broken()
             failure.add_note("The executor was shut down: call start() again to get a new group of workers.")
         return failure
-
-
-def _cause(error: Exception) -> BaseException | None:
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, BaseException) else None
-
-
-def _remote_traceback(error: Exception) -> str:
-    text = getattr(error, "traceback_str", None)
-    return text if isinstance(text, str) and text else str(error)
 
 
 def _first_line(text: str) -> str:

@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from elastrain.executor._private.tracebacks import clean_traceback
+
 
 class ExecutorError(RuntimeError):
     """Base class of the executor's own errors."""
 
 
 class WorkerError(ExecutorError):
-    """A worker's function raised. ``rank`` names the worker; ``remote_traceback`` is the worker's traceback."""
+    """A worker's function raised. ``rank`` names the worker; ``remote_traceback`` is the worker's traceback (plain
+    text), ``cause`` the exception it raised (None when the driver could not unpickle it), ``pid`` its process.
 
-    def __init__(self, rank: int, node_id: str | None, remote_traceback: str, cause: BaseException | None) -> None:
+    The message holds the traceback once. ``cause`` is deliberately not the ``__cause__``: Python would print
+    it above the traceback, and its text (it has no frames on the driver) would show twice.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        node_id: str | None,
+        remote_traceback: str,
+        cause: BaseException | None,
+        pid: int | None = None,
+    ) -> None:
         self.rank = rank
         self.node_id = node_id
         self.remote_traceback = remote_traceback
         self.cause = cause
-        super().__init__(f"Rank {rank} worker raised an error (node {node_id}):\n{remote_traceback}")
+        self.pid = pid
+        where = f"node {node_id}" + (f", pid {pid}" if pid is not None else "")
+        super().__init__(f"Rank {rank} worker raised an error ({where}):\n{remote_traceback}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.rank, self.node_id, self.remote_traceback, self.cause, self.pid), self.__dict__
 
 
 class WorkerDiedError(ExecutorError):
@@ -26,6 +47,9 @@ class WorkerDiedError(ExecutorError):
         self.node_id = node_id
         self.reason = reason
         super().__init__(f"Rank {rank} worker on node {node_id} died: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.rank, self.node_id, self.reason), self.__dict__
 
 
 class PlacementError(ExecutorError, TimeoutError):
@@ -50,3 +74,29 @@ def worker_actor_died(error: BaseException) -> bool:
     import ray
 
     return isinstance(error, ray.exceptions.RayActorError) and not isinstance(error, ray.exceptions.RayTaskError)
+
+
+def worker_error(rank: int, node_id: str | None, error: BaseException) -> WorkerError:
+    """The :class:`WorkerError` for a call that raised on the worker of ``rank`` (Ray's ``RayTaskError``, or its
+    ``UnserializableException`` when the worker's exception could not be unpickled here)."""
+    import ray
+
+    text = str(error)
+    unpicklable = isinstance(error, ray.exceptions.UnserializableException)
+    if unpicklable:
+        # Ray's text: an explanation, then "Original exception:" and the worker's formatted error.
+        text = text.split("Original exception:\n", 1)[-1].removeprefix("ray.exceptions.RayTaskError: ")
+    remote = clean_traceback(text)
+    cause = None if unpicklable else getattr(error, "cause", None)
+    failure = WorkerError(rank, node_id, remote.text, cause if isinstance(cause, BaseException) else None, remote.pid)
+    if unpicklable:
+        failure.add_note(
+            "The driver could not unpickle the worker's exception, so `cause` is None; give its class a "
+            "`__reduce__` that rebuilds it from its arguments."
+        )
+    return failure
+
+
+# Tracebacks and reprs name a class by its __module__: the public module, not where it is implemented.
+for _public in (ExecutorError, WorkerError, WorkerDiedError, PlacementError, ExecutorNotStartedError):
+    _public.__module__ = "elastrain.executor"

@@ -24,7 +24,7 @@ from elastrain.executor._private.elastic.policy import WAITING_NOTICE_S, Elastic
 from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
 from elastrain.executor._private.elastic.spares import Spares
 from elastrain.executor._private.elastic.world import World, make_world
-from elastrain.executor._private.errors import WorkerError, worker_actor_died
+from elastrain.executor._private.errors import worker_actor_died, worker_error
 from elastrain.executor._private.observers import RunWatch, worker_record
 from elastrain.executor._private.options import ExecutorOptions
 
@@ -275,12 +275,10 @@ class ElasticDriver:
                 self.policy.worker_died(worker, first_line(error))
             self.pool.forget(worker)
             return None, died
-        except ray.exceptions.RayTaskError as error:
-            rank = self._rank_of(worker)
-            cause = getattr(error, "cause", None)
-            raise WorkerError(
-                rank, worker.node.node_id if worker.node else None, getattr(error, "traceback_str", str(error)), cause
-            ) from (cause if isinstance(cause, BaseException) else None)
+        except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as error:
+            # from None: the message holds the worker's traceback; its cause is the error's `cause`.
+            node_id = worker.node.node_id if worker.node else None
+            raise worker_error(self._rank_of(worker), node_id, error) from None
         self.pool.forget(worker)
         if outcome is None:  # left out of the next world: stopped without a result
             return None, False

@@ -49,6 +49,8 @@ class InternalError(RuntimeError):
     failures raised by ``torch.distributed`` are treated the same way.
     """
 
+    __module__ = "elastrain.executor.elastic"  # its public name in tracebacks and reprs
+
 
 class WorkerRemoved(BaseException):
     """This worker is not part of the next world: it stops, and its result is not reported.

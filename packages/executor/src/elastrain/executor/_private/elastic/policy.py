@@ -27,6 +27,8 @@ WAITING_NOTICE_S = 10.0
 class ElasticJobError(ExecutorError):
     """An elastic job could not go on: too few workers for too long, too many resets, or a worker raised."""
 
+    __module__ = "elastrain.executor.elastic"  # its public name in tracebacks and reprs
+
 
 class FailurePolicy:
     def __init__(

@@ -33,6 +33,8 @@ class HostsUpdatedInterrupt(Exception):
     the same state already, and only what depends on the world (a sampler's split) is synced.
     """
 
+    __module__ = "elastrain.executor.elastic"  # its public name in tracebacks and reprs
+
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__(f"hosts updated (skip_sync={skip_sync})")
         self.skip_sync = skip_sync
