@@ -281,3 +281,72 @@ def test_a_run_whose_driver_exited_is_aborted() -> None:
     aborted = wait_until(lambda: _with_status(actor, run_id, "ABORTED"), timeout_s=60, what="the orphaned run")
     assert "ended (its driver exited)" in aborted["status_detail"]
     assert aborted["job_id"] != ray.get_runtime_context().get_job_id()
+
+
+def worker(rank: int) -> dict[str, Any]:
+    return {
+        "actor_id": f"{rank:032x}", "world_rank": rank, "local_rank": 0, "node_rank": rank, "node_id": "n" * 56,
+        "node_ip": f"10.0.0.{rank + 1}", "hostname": f"host-{rank}", "pid": 100 + rank,
+    }  # fmt: skip
+
+
+def test_a_runs_history_as_the_executor_reports_it() -> None:
+    """Metrics in batches, a crash, a smaller world, the end: the history, events and departed workers."""
+    import ray
+
+    from elastrain.state._private.tracker import _ExecutorRun
+
+    actor = get_or_create_state_actor(persist=False)
+    tracker = RunTracker("history", actor=actor, min_workers=1, max_workers=2)
+    tracker.start([worker(0), worker(1)])
+    run = _ExecutorRun(tracker)  # what the executor's observer drives
+    for batch in range(20):
+        run.metrics(
+            [
+                {"step": s, "values": {"loss": 1.0 / (s + 1)}, "time_ms": s}
+                for s in range(batch * 1000, (batch + 1) * 1000)
+            ]
+        )
+    crowded = {f"m{n}": 1.0 for n in range(40)} | {"x" * 300: 1.0}  # cut to what a run holds, not refused
+    run.metrics([{"step": 20_000, "values": crowded, "time_ms": 1}])
+    run.event("worker_exited", {"worker": worker(1), "status": "CRASHED", "detail": "killed by a test"})
+    run.workers_changed([worker(0)], 1, 1)
+    run.metrics([{"step": 19_990, "values": {"loss": 0.5}, "time_ms": 2}])  # after the rollback
+    run.finished()
+
+    page = ray.get(actor.get_metrics.remote(tracker.run_id, ["loss", "nope"]), timeout=30)
+    assert (len(page["steps"]) <= 1000, page["next_after_step"]) == (True, None)
+    assert (page["steps"][0], page["steps"][-1], page["stride"]) == (0, 20_000, 64)  # 32 metrics: at most 512 points
+    assert (len(page["names"]), list(page["values"])) == (32, ["loss"])
+    pages, after = [], None
+    while True:  # the same points, 300 at a time
+        part = ray.get(actor.get_metrics.remote(tracker.run_id, None, after, 300), timeout=30)
+        pages += part["steps"]
+        after = part["next_after_step"]
+        if after is None:
+            break
+    assert pages == page["steps"]
+
+    events = ray.get(actor.get_events.remote(tracker.run_id), timeout=30)["events"]
+    assert [(e["kind"], e["world_size"], e["step"]) for e in events] == [
+        ("WORLD_SIZE", 2, None),
+        ("WORKER_EXITED", 2, 20_000),
+        ("RESET", 1, 20_000),
+        ("WORLD_SIZE", 1, 20_000),
+        ("RUN_ENDED", 1, 19_990),
+    ]
+    assert (events[1]["status"], events[1]["worker"]["pid"], events[1]["detail"]) == (
+        "CRASHED",
+        101,
+        "killed by a test",
+    )
+    assert events[-1]["status"] == "FINISHED"
+
+    workers = ray.get(actor.get_workers.remote(tracker.run_id), timeout=30)
+    assert [(w["pid"], w["status"]) for w in workers["workers"]] == [(100, "FINISHED")]
+    [departed] = workers["departed"]
+    assert (departed["pid"], departed["hostname"], departed["status"]) == (101, "host-1", "CRASHED")
+    assert (departed["left_step"], departed["detail"]) == (20_000, "killed by a test")
+    stored = ray.get(actor.get_run.remote(tracker.run_id), timeout=30)
+    assert stored["latest_metrics"]["step"] == 19_990
+    assert ray.get(actor.get_metrics.remote("no-such-run"), timeout=30) is None

@@ -39,6 +39,13 @@ def runs_named(name: str) -> list[dict[str, Any]]:
     return list(page)
 
 
+def history(method: str, run_id: str) -> dict[str, Any]:
+    import ray
+
+    found: dict[str, Any] = ray.get(getattr(get_state_actor(), method).remote(run_id), timeout=30)
+    return found
+
+
 def where_am_i(gate: str) -> dict[str, Any]:
     import ray
 
@@ -72,6 +79,7 @@ def test_a_static_job_is_running_then_finished_with_its_workers(tmp_path: Path) 
         assert recorded["pid"] == by_rank[recorded["world_rank"]]["pid"]
         assert recorded["node_id"] == by_rank[recorded["world_rank"]]["node_id"]
     assert run["world_size"] == 4
+    assert {w["status"] for w in run["workers"]} == {"FINISHED"}  # not DEAD: they finished with the run
     assert run["job_id"] == ray.get_runtime_context().get_job_id()
     assert run["end_time_ms"] >= run["start_time_ms"]
     assert run["controller_actor_id"]
@@ -92,6 +100,14 @@ def test_a_worker_that_raises_marks_the_run_errored() -> None:
     assert run["run_status"] == "ERRORED"
     assert run["status_detail"].startswith("Rank 2 worker raised an error")
     assert "bad batch on rank two" in run["status_detail"]
+    assert [w["status"] for w in run["workers"]] == ["STOPPED", "STOPPED", "CRASHED", "STOPPED"]
+    events = history("get_events", run["id"])["events"]
+    assert [(e["kind"], e["status"]) for e in events] == [
+        ("WORLD_SIZE", None),
+        ("WORKER_EXITED", "CRASHED"),
+        ("RUN_ENDED", "ERRORED"),
+    ]
+    assert (events[1]["worker"]["world_rank"], events[1]["detail"]) == (2, "ValueError: bad batch on rank two")
 
 
 def test_tracking_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,3 +167,15 @@ def test_an_elastic_jobs_workers_change_after_a_resize() -> None:
     assert run["max_workers"] == 3
     assert sizes[0] == 1
     assert sizes[-1] == 3
+    assert {w["status"] for w in run["workers"]} == {"FINISHED"}
+    # What the workers sent reached the history without a step of its own (each report the next step), and the
+    # world's changes are events.
+    metrics = history("get_metrics", run_id)
+    assert metrics["names"] == ["size"]
+    assert metrics["steps"][:5] == [0, 1, 2, 3, 4]
+    assert metrics["values"]["size"][-1] == 3.0
+    kinds = [(e["kind"], e["world_size"]) for e in history("get_events", run_id)["events"]]
+    assert kinds[0] == ("WORLD_SIZE", 1)
+    assert ("RESET", 3) in kinds
+    assert ("WORLD_SIZE", 3) in kinds
+    assert kinds[-1] == ("RUN_ENDED", 3)

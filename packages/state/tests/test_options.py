@@ -21,10 +21,11 @@ def test_seconds_must_be_positive_and_finite(name: str, value: Any) -> None:
         StateActor(**{name: value}, persist=False)
 
 
+@pytest.mark.parametrize("name", ["max_runs", "max_histories"])
 @pytest.mark.parametrize("value", [0, -3, 2.5, True])
-def test_max_runs_must_be_a_positive_int(value: Any) -> None:
-    with pytest.raises(ValueError, match="max_runs must be a positive int"):
-        get_or_create_state_actor(max_runs=value)
+def test_max_runs_must_be_a_positive_int(name: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+        get_or_create_state_actor(**{name: value})
 
 
 @pytest.mark.parametrize(
@@ -75,6 +76,11 @@ def test_tracker_rejects_oversized_text() -> None:
         tracker.report_metrics(step=1, **{f"m{n}": 1.0 for n in range(33)})
     with pytest.raises(ValueError, match="use at most 256"):
         tracker.report_metrics(step=1, **{"m" * 257: 1.0})
+    for step in (-1, 2**63, 2.0, True):
+        with pytest.raises(ValueError, match=r"step must be an int from 0 to 9223372036854775807 or None"):
+            tracker.report_metrics(step=step, loss=1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="status must be 'CRASHED' or 'REMOVED', got 'DEAD'"):
+        tracker.worker_exited({}, "DEAD")
 
 
 def test_an_update_with_another_runs_view_is_refused() -> None:

@@ -73,6 +73,29 @@ def test_runs_survive_a_restart_by_default_and_only_changes_are_written() -> Non
     assert again["snapshot"]["uri"] == first["snapshot"]["uri"]
     stored = ray.get(get_state_actor().get_run.remote("id-300"), timeout=30)
     assert stored["latest_metrics"]["step"] == 7
+    history = ray.get(get_state_actor().get_metrics.remote("id-300"), timeout=30)
+    assert (history["steps"], history["values"], history["retained"]) == ([7], {"loss": [0.25]}, True)
+
+
+def test_version_1_snapshots_load_with_workers_that_read_how_their_run_ended(tmp_path: Path) -> None:
+    import ray
+
+    folder = tmp_path / "state"
+    folder.mkdir()
+    worker = {
+        "actor_id": "a" * 32, "world_rank": 0, "local_rank": 0, "node_rank": 0, "node_id": "n" * 56,
+        "node_ip": "10.0.0.1", "hostname": "host", "pid": 1, "gpu_ids": [], "status": "ALIVE",
+    }  # fmt: skip
+    runs = [{**run_doc(1), "schema_version": 1, "workers": [worker]}, {**run_doc(2, "ERRORED"), "schema_version": 1}]
+    runs[1]["workers"] = [worker]
+    header = {"format": "elastrain-state", "kind": "base", "schema_version": 1, "generation": 1, "runs": runs}
+    (folder / base_name(1)).write_text(json.dumps(header))
+    actor = get_or_create_state_actor(snapshot_uri=str(folder), snapshot_interval_s=3600)
+    assert loaded_info(actor)["snapshot"]["problems"] == []
+    finished, errored = (ray.get(actor.get_run.remote(f"id-{n}"), timeout=30) for n in (1, 2))
+    assert (finished["schema_version"], finished["workers"][0]["status"]) == (SCHEMA_VERSION, "FINISHED")
+    assert errored["workers"][0]["status"] == "STOPPED"
+    assert ray.get(actor.get_metrics.remote("id-1"), timeout=30)["retained"] is False  # none was kept then
 
 
 def test_runs_going_on_another_cluster_are_aborted_when_loaded(tmp_path: Path) -> None:

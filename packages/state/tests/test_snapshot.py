@@ -105,7 +105,7 @@ class FakeActor:
             timeout_s=30.0,
             documents=lambda ids: {run_id: self.runs.get(run_id) for run_id in ids},
             all_documents=lambda: list(self.runs.values()),
-            restore=lambda runs, _cluster: self.restored.update(runs),
+            restore=lambda runs, _cluster, _histories: self.restored.update(runs),
         )
 
 

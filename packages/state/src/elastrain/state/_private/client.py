@@ -8,6 +8,7 @@ from elastrain.state._private.actor import STATE_ACTOR_NAME, STATE_ACTOR_NAMESPA
 from elastrain.state._private.options import (
     DEFAULT_DRIVER_CHECK_INTERVAL_S,
     DEFAULT_IO_TIMEOUT_S,
+    DEFAULT_MAX_HISTORIES,
     DEFAULT_MAX_RUNS,
     DEFAULT_SNAPSHOT_INTERVAL_S,
     check_max_runs,
@@ -34,19 +35,22 @@ def get_or_create_state_actor(
     snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S,
     io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
     driver_check_interval_s: float = DEFAULT_DRIVER_CHECK_INTERVAL_S,
+    max_histories: int = DEFAULT_MAX_HISTORIES,
 ) -> Any:
     """The cluster's state actor, created when absent: safe when many drivers call it at once.
 
-    Detached (it outlives the driver), restarted by Ray when it dies, on the head node, using no CPU, and never
-    inside the caller's placement group. Persistence is on: to ``snapshot_uri`` (any fsspec URI or absolute
-    folder), else to the ``ELASTRAIN_STATE_SNAPSHOT_URI`` environment variable's (``default``: the embedded
-    default; ``off``: none), else to the embedded default, a folder of the actor's own on the head node that
-    outlives its restarts. ``persist=False`` turns it off. The options apply when this call creates the actor;
-    an existing actor keeps its own.
+        Detached (it outlives the driver), restarted by Ray when it dies, on the head node, using no CPU, and never
+        inside the caller's placement group. Persistence is on: to ``snapshot_uri`` (any fsspec URI or absolute
+        folder), else to the ``ELASTRAIN_STATE_SNAPSHOT_URI`` environment variable's (``default``: the embedded
+        default; ``off``: none), else to the embedded default, a folder of the actor's own on the head node that
+        outlives its restarts. ``persist=False`` turns it off. ``max_histories``: how many of the newest runs keep their
+    history (metrics, events, departed workers). The options apply when this call creates the actor;
+        an existing actor keeps its own.
     """
     import ray
 
     check_max_runs(max_runs)
+    check_max_runs(max_histories, "max_histories")
     check_seconds("snapshot_interval_s", snapshot_interval_s)
     check_seconds("io_timeout_s", io_timeout_s)
     check_seconds("driver_check_interval_s", driver_check_interval_s)
@@ -76,5 +80,6 @@ def get_or_create_state_actor(
             persist=persist_on,
             io_timeout_s=io_timeout_s,
             driver_check_interval_s=driver_check_interval_s,
+            max_histories=max_histories,
         )
     )

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elastrain.state._private.history import RunHistory
 from elastrain.state._private.schemas import TrainRunInfo
 from elastrain.state._private.snapshot import Snapshots
 from elastrain.state._private.store import Store
@@ -31,8 +32,9 @@ _LOAD_RETRY_MAX_S = 60.0
 
 class Persistence:
     """``documents(ids)`` gives the stored JSON document of each id (None when gone); ``all_documents()`` every
-    run's; ``restore(runs, cluster_id)`` takes the loaded runs and the id of the Ray cluster that wrote them.
-    Each takes the actor's lock itself. ``cluster_id``: this cluster's, written with every file."""
+        run's; ``restore(runs, cluster_id, histories)`` takes the loaded runs, the id of the Ray cluster that wrote them
+    and the runs' histories (by run id).
+        Each takes the actor's lock itself. ``cluster_id``: this cluster's, written with every file."""
 
     def __init__(
         self,
@@ -42,7 +44,7 @@ class Persistence:
         timeout_s: float,
         documents: Callable[[list[str]], dict[str, str | None]],
         all_documents: Callable[[], list[str]],
-        restore: Callable[[dict[str, TrainRunInfo], str | None], None],
+        restore: Callable[[dict[str, TrainRunInfo], str | None, dict[str, RunHistory]], None],
         cluster_id: str | None = None,
     ) -> None:
         self.uri = uri
@@ -161,7 +163,7 @@ class Persistence:
                 self._wake.wait(pause)
                 self._wake.clear()
                 pause = min(pause * 2, _LOAD_RETRY_MAX_S)
-        self._restore(loaded.runs, loaded.cluster_id)
+        self._restore(loaded.runs, loaded.cluster_id, loaded.histories)
         self._generation, self._seq = loaded.generation, loaded.next_seq
         self._base_bytes, self._journal_bytes, self._segments = (
             loaded.base_bytes,

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 1
+# 2: workers carry how they ended (WorkerStatus); runs may carry a history (metrics, events, departed workers).
+SCHEMA_VERSION = 2
 # status_detail keeps at most this many characters: the start and the end of a long trace, which is where the
 # exception type and the failing line are.
 STATUS_DETAIL_MAX_CHARS = 16_384
@@ -41,9 +42,20 @@ class RunStatus(enum.StrEnum):
         return self in (RunStatus.FINISHED, RunStatus.ERRORED)
 
 
-class ActorStatus(enum.StrEnum):
-    ALIVE = "ALIVE"
-    DEAD = "DEAD"
+class WorkerStatus(enum.StrEnum):
+    """How a worker stands in its run. The state actor records every value but DEAD, which the dashboard shows
+    for a worker recorded ALIVE in a run still going whose actor Ray reports dead."""
+
+    ALIVE = "ALIVE"  # in the run's current world
+    FINISHED = "FINISHED"  # the run finished with it as a member
+    CRASHED = "CRASHED"  # it died, its function raised, or it stopped answering and was evicted
+    REMOVED = "REMOVED"  # the job let it go while the run went on: its host left, or a new world left it out
+    STOPPED = "STOPPED"  # stopped with its run, which errored or was aborted
+    DEAD = "DEAD"  # its actor is dead while the run is recorded as going (shown by the dashboard; version 1 records)
+
+
+# The name schema version 1 gave it (ALIVE and DEAD only).
+ActorStatus = WorkerStatus
 
 
 class _Frozen(BaseModel):
@@ -65,7 +77,7 @@ class TrainWorkerInfo(_Frozen):
     hostname: Name
     pid: NonNegative
     gpu_ids: tuple[Name, ...] = Field(default=(), max_length=MAX_LIST_ITEMS)
-    status: ActorStatus = ActorStatus.ALIVE
+    status: WorkerStatus = WorkerStatus.ALIVE
 
 
 class TrainDatasetInfo(_Frozen):
@@ -155,8 +167,29 @@ def truncate_detail(detail: str, limit: int = STATUS_DETAIL_MAX_CHARS) -> str:
 
 
 def migrate(document: dict[str, Any]) -> dict[str, Any]:
-    """Bring a stored run to the current schema version (version 1 is the first: nothing to do yet)."""
+    """Bring a stored run to the current schema version.
+
+    1 → 2: version 1 left the workers of an ended run ALIVE; they now read how the run ended them."""
     version = int(document.get("schema_version", 1))
     if version > SCHEMA_VERSION:
         raise ValueError(f"stored schema_version {version} is newer than {SCHEMA_VERSION}: upgrade elastrain-state")
+    if version < 2 and isinstance(document.get("workers"), list) and document.get("run_status") in _ENDED:
+        document = {**document, "workers": ended_workers(document["workers"], RunStatus(document["run_status"]))}
     return {**document, "schema_version": SCHEMA_VERSION}
+
+
+_ENDED = {status.value for status in RunStatus if status.is_terminal}
+# A worker still in the world when its run ends: FINISHED with a finished run, STOPPED otherwise. A late truth
+# (ABORTED, then FINISHED) changes STOPPED into FINISHED; CRASHED and REMOVED never change.
+_ENDABLE = {WorkerStatus.ALIVE.value, WorkerStatus.STOPPED.value, WorkerStatus.FINISHED.value, WorkerStatus.DEAD.value}
+
+
+def ended_workers(workers: list[Any], status: RunStatus) -> list[Any]:
+    """The workers (JSON-ready dicts) as a run that ended with ``status`` leaves them."""
+    final = (WorkerStatus.FINISHED if status is RunStatus.FINISHED else WorkerStatus.STOPPED).value
+    return [
+        {**worker, "status": final}
+        if isinstance(worker, dict) and worker.get("status", WorkerStatus.ALIVE.value) in _ENDABLE
+        else worker
+        for worker in workers
+    ]

@@ -8,10 +8,12 @@ journal-0000000007-00000002.json     ...
 ```
 
 Loading reads the base of the highest generation and applies its segments in order (a later document of a run
-replaces an earlier one; ``removed`` drops runs that retention evicted). ``cluster_id`` names the Ray cluster
-whose state actor wrote the base (its segments are always written by the same actor). Compaction writes the next
-generation's base, then deletes every file of older generations: a crash in between leaves both, and the newer
-one is read. File names are never reused, so an old write that lands late cannot overwrite a newer file.
+replaces an earlier one; ``removed`` drops runs that retention evicted). Since schema version 2 a run's document
+may hold its history under ``"history"`` (a ``HistoryDocument``); version 1 files load as runs without one.
+``cluster_id`` names the Ray cluster whose state actor wrote the base (its segments are always written by the
+same actor). Compaction writes the next generation's base, then deletes every file of older generations: a
+crash in between leaves both, and the newer one is read. File names are never reused, so an old write that
+lands late cannot overwrite a newer file.
 
 A file that cannot be read (not JSON, not this format, or written by a newer elastrain-state) is moved into a
 ``set-aside-<time>/`` folder beside the others, with the segments of its generation when it is a base; an
@@ -27,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastrain.state._private.history import RunHistory
+from elastrain.state._private.history_schemas import HistoryDocument
 from elastrain.state._private.schemas import SCHEMA_VERSION, TrainRunInfo, migrate
 from elastrain.state._private.store import TEMPORARY_SUFFIX, Store
 
@@ -53,6 +57,7 @@ class Unreadable(Exception):
 @dataclass
 class Loaded:
     runs: dict[str, TrainRunInfo] = field(default_factory=dict)
+    histories: dict[str, RunHistory] = field(default_factory=dict)  # by run id, for the runs that have one
     generation: int = 0
     next_seq: int = 1
     base_bytes: int = 0
@@ -130,19 +135,30 @@ class Snapshots:
 
     def _apply(self, runs: list[Any], removed: list[Any], loaded: Loaded) -> None:
         dropped: list[str] = []
+        histories_dropped: list[str] = []
         for document in runs:
+            # Since schema version 2 a run may carry its history; a later document without one means it has none.
+            history = document.pop("history", None) if isinstance(document, dict) else None
             try:
                 run = TrainRunInfo.model_validate(migrate(document))
             except (ValueError, TypeError) as error:  # one bad run is dropped, not the whole snapshot
                 dropped.append(str(error).splitlines()[0])
                 continue
             loaded.runs[run.id] = run
+            loaded.histories.pop(run.id, None)
+            if history is not None:
+                try:
+                    loaded.histories[run.id] = RunHistory(HistoryDocument.model_validate(history))
+                except (ValueError, TypeError) as error:  # the run is kept without it
+                    histories_dropped.append(str(error).splitlines()[0])
         for run_id in removed:
             loaded.runs.pop(str(run_id), None)
-        if dropped:
-            problem = f"{len(dropped)} stored run(s) did not validate and were dropped (first: {dropped[0]})"
-            logger.warning("State snapshot in %s: %s.", self.store.uri, problem)
-            loaded.problems.append(problem)
+            loaded.histories.pop(str(run_id), None)
+        for what, problems in (("run", dropped), ("run history", histories_dropped)):
+            if problems:
+                problem = f"{len(problems)} stored {what}(s) did not validate and were dropped (first: {problems[0]})"
+                logger.warning("State snapshot in %s: %s.", self.store.uri, problem)
+                loaded.problems.append(problem)
 
     def _set_aside(self, names: list[str], why: str, loaded: Loaded) -> None:
         folder = SET_ASIDE_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

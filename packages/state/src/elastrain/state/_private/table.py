@@ -102,6 +102,10 @@ class RunTable:
     def all(self) -> list[TrainRunInfo]:
         return [self._rows[key[1]].run() for key in self._order]
 
+    def ids(self) -> list[str]:
+        """Every run's id, newest first."""
+        return [key[1] for key in self._order]
+
     def all_documents(self) -> list[str]:
         """Every run's JSON document, newest first (what a snapshot writes)."""
         return [self._rows[key[1]].json() for key in self._order]

@@ -12,14 +12,17 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from elastrain.state._private.history_schemas import MAX_STEP
 from elastrain.state._private.schemas import (
     ID_MAX_CHARS,
+    MAX_METRICS,
     NAME_MAX_CHARS,
     RunMetrics,
     RunStatus,
     TrainDatasetInfo,
     TrainRunInfo,
     TrainWorkerInfo,
+    WorkerStatus,
     truncate_detail,
 )
 
@@ -36,8 +39,8 @@ def _warn_once(message: str, *args: Any) -> None:
 
 
 class RunTracker:
-    """Tracks one run: ``start(workers)``, ``set_workers(...)`` after elastic resizes, ``report_metrics``, then
-    ``finish()``, ``fail(rank, trace)`` or ``abort(reason)``.
+    """Tracks one run: ``start(workers)``, ``set_workers(...)`` after elastic resizes, ``report_metrics``,
+    ``worker_exited`` when one leaves, then ``finish()``, ``fail(rank, trace)`` or ``abort(reason)``.
 
     ``run_id``: the id the run is recorded by (default: a new one; never reuse one).
     ``actor``: the state actor to write to (default: the cluster's, created if absent, unless
@@ -112,10 +115,30 @@ class RunTracker:
         self._send("update_workers", self.run_id, records, world_size, resets, self._seen(changes))
 
     def report_metrics(self, step: int | None = None, **values: float) -> None:
-        """The latest step and scalars (at most 32; names of at most NAME_MAX_CHARS characters)."""
+        """Report scalars (at most 32; names of at most NAME_MAX_CHARS characters) at ``step`` (an int from 0 to
+        2**63 - 1; without one, the step after the previous report's): the run's latest metrics, and a point of its
+        metric history. One call to the state actor, sent without waiting."""
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP):
+            raise ValueError(f"step must be an int from 0 to {MAX_STEP} or None, got {step!r}.")
         metrics = RunMetrics(step=step, values=dict(values), time_ms=_now_ms())  # bad input raises here, clearly
-        seen = self._seen({"latest_metrics": metrics.model_dump(mode="json")})
-        self._send("update_metrics", self.run_id, step, values, seen)
+        self._report([metrics.model_dump(mode="json")])
+
+    def worker_exited(
+        self, worker: TrainWorkerInfo | Mapping[str, Any], status: str, detail: str | None = None
+    ) -> None:
+        """``worker`` left the run while it goes on: ``status`` ``"CRASHED"`` (it died, raised or stopped
+        answering) or ``"REMOVED"`` (its host left, or the job let it go); ``detail`` says why. The run records
+        the event and lists the worker among the departed once the next world no longer has it."""
+        if status not in (WorkerStatus.CRASHED.value, WorkerStatus.REMOVED.value):
+            raise ValueError(f"status must be 'CRASHED' or 'REMOVED', got {status!r}.")
+        record = TrainWorkerInfo.model_validate(worker).model_dump(mode="json")
+        self._send("worker_exited", self.run_id, record, status, detail, self._view)
+
+    def _report(self, points: list[dict[str, Any]]) -> None:
+        """Several reports (validated ``RunMetrics`` documents) in one call."""
+        if points:
+            seen = self._seen({"latest_metrics": points[-1]})
+            self._send("append_metrics", self.run_id, points, seen)
 
     def finish(self) -> None:
         self._end(RunStatus.FINISHED, None)
@@ -230,8 +253,41 @@ class _ExecutorRun:
     def workers_changed(self, workers: list[dict[str, Any]], world_size: int, resets: int) -> None:
         self.tracker.set_workers(workers, world_size=world_size, resets=resets)
 
+    def metrics(self, points: list[dict[str, Any]]) -> None:
+        """What workers sent as metrics since the last call (the executor calls at most about once a second), as
+        ``{"step", "values", "time_ms"}``; cut to what a run holds instead of refused: a job never fails for it."""
+        self.tracker._report([point for point in map(_fitting_point, points) if point is not None])
+
+    def event(self, kind: str, fields: dict[str, Any]) -> None:
+        if kind == "worker_exited":
+            self.tracker.worker_exited(fields["worker"], fields["status"], fields.get("detail"))
+
     def finished(self) -> None:
         self.tracker.finish()
 
     def failed(self, detail: str) -> None:
         self.tracker.fail(detail)
+
+
+def _fitting_point(point: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A report as a ``RunMetrics`` document: the first MAX_METRICS numbers with names of a fitting length; None
+    when its step is out of range or nothing is left."""
+    step = point.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP):
+        return None
+    values: dict[str, float | None] = {}
+    for name, value in point.get("values", {}).items():
+        if isinstance(name, str) and len(name) <= NAME_MAX_CHARS and _is_number(value):
+            values[name] = value
+            if len(values) == MAX_METRICS:
+                break
+    if not values:
+        return None
+    time_ms = point.get("time_ms")
+    if not isinstance(time_ms, int) or isinstance(time_ms, bool) or time_ms < 0:
+        time_ms = _now_ms()
+    return RunMetrics(step=step, values=values, time_ms=time_ms).model_dump(mode="json")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
