@@ -14,10 +14,10 @@ from elastrain.executor._private.elastic.session import ElasticSession
 
 if TYPE_CHECKING:
     from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
-from elastrain.executor._private.errors import ExecutorNotStartedError
+from elastrain.executor._private.errors import ExecutorNotStartedError, WorkerDiedError, WorkerError
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.node import NodeInfo
-from elastrain.executor._private.observers import RunWatch, run_name, run_record, worker_record
+from elastrain.executor._private.observers import RunWatch, exception_line, run_name, run_record, worker_record
 from elastrain.executor._private.options import ExecutorOptions, check_options
 from elastrain.executor._private.placement import (
     WorkerPlacement,
@@ -337,19 +337,24 @@ class RayExecutor:
         callbacks: Sequence[Callback] | None,
         name: str,
     ) -> list[Any]:
-        callbacks = _check_callbacks(callbacks)
+        checked = _check_callbacks(callbacks)
+        placements = list(self._placements)  # a failed call shuts the executor down, which clears them
+        self._last_run_id = uuid.uuid4().hex
+        watch = RunWatch.start(lambda: self._run_record(calls, name), self._last_run_id)
+        listeners = watch.listeners(checked)  # callbacks, and run observers that take metrics, want messages
         call_id = 0
-        sink = None  # the workers get the message actor with every call whose callbacks want messages
-        if callbacks:
+        sink = None  # the workers get the message actor with every call whose messages someone wants
+        if listeners:
             self._calls_with_callbacks += 1
             call_id = self._calls_with_callbacks
             sink = self._message_sink()
-        self._last_run_id = uuid.uuid4().hex
-        watch = RunWatch.start(lambda: self._run_record(calls, name), self._last_run_id)
         try:
-            with delivering(self._sink, callbacks, call_id, _CALLBACK_DRAIN_S):
+            with delivering(self._sink, listeners, call_id, _CALLBACK_DRAIN_S, tick=watch.tick):
                 results = calls.gather([submit(actor, call_id, sink) for actor in calls.actors])
         except BaseException as error:
+            crashed = _crashed_rank(error)
+            if crashed is not None and watch.observed and 0 <= crashed[0] < len(placements):
+                watch.worker_exited(_worker_records(calls, placements)[crashed[0]], "CRASHED", crashed[1])
             watch.failed(str(error))
             raise
         watch.finished()
@@ -357,10 +362,7 @@ class RayExecutor:
 
     def _run_record(self, calls: WorkerCalls, name: str) -> dict[str, Any]:
         """What run observers learn of a call: its workers by rank, and where they run."""
-        workers = [
-            worker_record(actor, p.slot.rank, p.slot.local_rank, p.node_rank, p.node)
-            for actor, p in zip(calls.actors, self._placements, strict=True)
-        ]
+        workers = _worker_records(calls, self._placements)
         return run_record(name, self._message_sink(), workers, len(workers))
 
     def _message_sink(self) -> Any:
@@ -400,6 +402,22 @@ def _put(value: Any) -> Any:
 
     data = cloudpickle.dumps(value)
     return ray.put(data) if len(data) > _INLINE_PAYLOAD_BYTES else data
+
+
+def _worker_records(calls: WorkerCalls, placements: list[WorkerPlacement]) -> list[dict[str, Any]]:
+    return [
+        worker_record(actor, p.slot.rank, p.slot.local_rank, p.node_rank, p.node)
+        for actor, p in zip(calls.actors, placements, strict=True)
+    ]
+
+
+def _crashed_rank(error: BaseException) -> tuple[int, str] | None:
+    """The rank of the worker that raised or died, and why in a line, when that is what failed the call."""
+    if isinstance(error, WorkerError):
+        return error.rank, exception_line(error.remote_traceback)
+    if isinstance(error, WorkerDiedError):
+        return error.rank, error.reason.strip().splitlines()[0] if error.reason.strip() else "its actor died"
+    return None
 
 
 def _check_callbacks(callbacks: Sequence[Callback] | None) -> list[Callback]:

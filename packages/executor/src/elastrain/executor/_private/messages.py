@@ -105,10 +105,13 @@ class MessagePump:
     A callback that raises stops delivery; :meth:`stop` then re-raises its error on the calling thread.
     """
 
-    def __init__(self, sink: Any, callbacks: Sequence[Callback], call_id: int) -> None:
+    def __init__(
+        self, sink: Any, callbacks: Sequence[Callback], call_id: int, tick: Callable[[], None] | None = None
+    ) -> None:
         self._sink = sink
         self._callbacks = list(callbacks)
         self._call_id = call_id
+        self._tick = tick  # called after every pull (at least every _PULL_WAIT_S), on the pump's thread
         self._next_seq: dict[str, int] = {}
         self._held: dict[tuple[str, int], dict[str, Any]] = {}  # arrived ahead of an earlier message
         self._stopping = threading.Event()
@@ -153,6 +156,8 @@ class MessagePump:
             except BaseException as error:
                 self._error = error
                 return
+            if self._tick is not None:
+                self._tick()
             if stopping and not messages and not gaps:
                 return
 
@@ -193,9 +198,12 @@ class MessagePump:
 
 
 @contextlib.contextmanager
-def delivering(sink: Any, callbacks: Sequence[Callback], call_id: int, drain_s: float) -> Iterator[None]:
-    """Deliver a call's messages to ``callbacks`` while the block runs (nothing to do without callbacks)."""
-    pump = MessagePump(sink, callbacks, call_id).start() if callbacks else None
+def delivering(
+    sink: Any, callbacks: Sequence[Callback], call_id: int, drain_s: float, tick: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Deliver a call's messages to ``callbacks`` while the block runs (nothing to do without callbacks);
+    ``tick()`` after every pull."""
+    pump = MessagePump(sink, callbacks, call_id, tick).start() if callbacks else None
     try:
         yield
     finally:

@@ -25,7 +25,7 @@ from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPo
 from elastrain.executor._private.elastic.spares import Spares
 from elastrain.executor._private.elastic.world import World, make_world
 from elastrain.executor._private.errors import worker_actor_died, worker_error
-from elastrain.executor._private.observers import RunWatch, worker_record
+from elastrain.executor._private.observers import RunWatch, exception_line, worker_record
 from elastrain.executor._private.options import ExecutorOptions
 
 logger = logging.getLogger("elastrain.executor")
@@ -88,6 +88,7 @@ class ElasticDriver:
         self.spare_worker = spare_worker
         self.spares = Spares(options, manager, self.pool, self.policy, self.stats)
         self.watch = watch or RunWatch([])
+        self._records: dict[str, dict[str, Any]] = {}  # what observers know of the current world's members
         self._generation = 0
         self._world: World | None = None
         self._world_complete = True  # every member of the current world arrived
@@ -273,12 +274,15 @@ class ElasticDriver:
             died = worker.phase not in (Phase.STOPPING, Phase.LEAVING)
             if died:
                 self.policy.worker_died(worker, first_line(error))
+                self._exited(worker, "CRASHED", first_line(error))
             self.pool.forget(worker)
             return None, died
         except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as error:
             # from None: the message holds the worker's traceback; its cause is the error's `cause`.
             node_id = worker.node.node_id if worker.node else None
-            raise worker_error(self._rank_of(worker), node_id, error) from None
+            failure = worker_error(self._rank_of(worker), node_id, error)
+            self._exited(worker, "CRASHED", exception_line(failure.remote_traceback))
+            raise failure from None
         self.pool.forget(worker)
         if outcome is None:  # left out of the next world: stopped without a result
             return None, False
@@ -294,6 +298,7 @@ class ElasticDriver:
         """Stop a worker that is alive to Ray but not to the job; its peers' collectives fail once it is gone."""
         logger.warning("Evicting worker %s on host %s: %s.", worker.worker_id, worker.host_id, reason)
         self.policy.worker_died(worker, reason)
+        self._exited(worker, "CRASHED", f"evicted: {reason}")
         self.pool.stop(worker, unresponsive=True)
         self.stats.evictions += 1
 
@@ -317,6 +322,7 @@ class ElasticDriver:
             if worker.phase is Phase.MEMBER:
                 worker.phase = Phase.LEAVING
                 logger.info("Worker %s leaves at its next commit: host %s went away.", worker.worker_id, host_id)
+                self._exited(worker, "REMOVED", f"its host {host_id} went away")
             else:
                 self.pool.stop(worker)
                 logger.info("Stopping worker %s: host %s went away.", worker.worker_id, host_id)
@@ -405,15 +411,12 @@ class ElasticDriver:
         self.stats.worlds.append(self._world.size)
         ray.get(self.coordinator.publish.remote(self._world), timeout=CONTROL_TIMEOUT_S)
         by_id = {w.worker_id: w for w in ready}
-        self.watch.workers_changed(
-            [
-                worker_record(by_id[m.worker_id].actor, m.slot.rank, m.slot.local_rank, m.node_rank, node)
-                for m in self._world.members
-                if (node := by_id[m.worker_id].node) is not None
-            ],
-            self._world.size,
-            self.stats.resets,
-        )
+        self._records = {
+            m.worker_id: worker_record(by_id[m.worker_id].actor, m.slot.rank, m.slot.local_rank, m.node_rank, node)
+            for m in self._world.members
+            if (node := by_id[m.worker_id].node) is not None
+        }
+        self.watch.workers_changed(list(self._records.values()), self._world.size, self.stats.resets)
         logger.info(
             "Published group %s: %s.",
             self._generation,
@@ -421,6 +424,12 @@ class ElasticDriver:
         )
 
     # -- small helpers ---------------------------------------------------------------------------------------
+
+    def _exited(self, worker: PoolWorker, status: str, detail: str) -> None:
+        """Tell observers that a member of the current world crashed or was let go (once; others are no news)."""
+        record = self._records.pop(worker.worker_id, None)
+        if record is not None and self._finishing is None:
+            self.watch.worker_exited(record, status, detail)
 
     def _leaving_members(self) -> list[PoolWorker]:
         world = self._world

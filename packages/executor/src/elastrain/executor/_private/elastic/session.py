@@ -72,12 +72,13 @@ class ElasticSession:
     ) -> list[Any]:
         import ray
 
-        self.calls += 1
-        call_id = self.calls if callbacks else 0
         watch = RunWatch.start(
             lambda: run_record(run_name(fn), self.sink, [], 0, self.options.num_workers, self.options.max_workers),
             run_id,
         )
+        listeners = watch.listeners(callbacks)  # callbacks, and run observers that take metrics, want messages
+        self.calls += 1
+        call_id = self.calls if listeners else 0
         driver = ElasticDriver(
             options=self.options,
             manager=self.manager,
@@ -99,7 +100,7 @@ class ElasticSession:
         from ray import cloudpickle
 
         payload = ray.put(cloudpickle.dumps((fn, tuple(args), dict(kwargs))))
-        with delivering(self.sink, callbacks, call_id, _CALLBACK_DRAIN_S):
+        with delivering(self.sink, listeners, call_id, _CALLBACK_DRAIN_S, tick=watch.tick):
             try:
                 results = driver.run(payload, call_id)
             except BaseException as error:
