@@ -42,7 +42,7 @@ def store_runs(count: int, **changes: Any) -> None:
     ray.get([actor.register_run.remote(document) for document in documents], timeout=60)
 
 
-def test_a_real_job_shows_its_workers_alive_then_dead(serve: Any, tmp_path: Path) -> None:
+def test_a_real_job_shows_its_workers_alive_then_finished(serve: Any, tmp_path: Path) -> None:
     gate = str(tmp_path / "go")
     get_or_create_state_actor()
     with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
@@ -63,7 +63,8 @@ def test_a_real_job_shows_its_workers_alive_then_dead(serve: Any, tmp_path: Path
         assert response.status_code == 200
         done = response.json()
         assert done["run_status"] == "FINISHED"
-        assert {w["status"] for w in done["workers"]} == {"DEAD"}  # the executor shut its workers down
+        # Their actors are gone (the executor shut them down), yet they read how they ended, not DEAD.
+        assert {w["status"] for w in done["workers"]} == {"FINISHED"}
 
 
 def test_paging_through_250_runs_returns_each_once(serve: Any) -> None:
@@ -170,9 +171,10 @@ def test_token_is_required_when_set(serve: Any) -> None:
 
 
 def guarded_paths_answer(http: httpx.Client, prefix: str) -> dict[str, int]:
+    run = "/api/train/runs/run-0000"
     return {
         path: http.get(prefix + path).status_code
-        for path in ("/api/train/runs", "/api/train/runs/run-0000", "/metrics")
+        for path in ("/api/train/runs", run, f"{run}/metrics", f"{run}/events", f"{run}/workers", "/metrics")
     }
 
 
@@ -300,3 +302,63 @@ def test_the_cli_serves_the_api_of_a_running_cluster_with_a_token_file(tmp_path:
             process.wait(30)
         if process.stderr:
             process.stderr.close()
+
+
+def worker(rank: int) -> dict[str, Any]:
+    return {
+        "actor_id": f"{rank:032x}", "world_rank": rank, "local_rank": 0, "node_rank": rank, "node_id": "n" * 56,
+        "node_ip": f"10.0.0.{rank + 1}", "hostname": f"host-{rank}", "pid": 100 + rank,
+    }  # fmt: skip
+
+
+def test_a_runs_metric_history_events_and_departed_workers(serve: Any) -> None:
+    """The routes a chart draws from: 3,000 reported steps in one request, then in pages; events; workers."""
+    from elastrain.state import RunTracker
+    from elastrain.state._private.tracker import _ExecutorRun
+
+    actor = get_or_create_state_actor()
+    tracker = RunTracker("charted", actor=actor, min_workers=1, max_workers=2)
+    tracker.start([worker(0), worker(1)])
+    run = _ExecutorRun(tracker)  # as the executor reports
+    run.metrics([{"step": s, "values": {"loss": 1.0 / (s + 1), "lr": 0.1}, "time_ms": s} for s in range(3_000)])
+    run.event("worker_exited", {"worker": worker(1), "status": "CRASHED", "detail": "killed"})
+    run.workers_changed([worker(0)], 1, 1)
+    base = f"/api/train/runs/{tracker.run_id}"
+    with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        whole = wait_until(
+            lambda: (r := http.get(f"{base}/metrics").json())["steps"][-1:] == [2_999] and r,
+            timeout_s=30,
+            what="points",
+        )
+        assert (whole["names"], whole["stride"], whole["steps_reported"]) == (["loss", "lr"], 4, 3_000)
+        assert len(whole["steps"]) == len(whole["time_ms"]) == len(whole["values"]["loss"]) <= 1000
+        assert whole["next_after_step"] is None
+        steps: list[int] = []
+        params: dict[str, Any] = {"metric": "loss", "limit": 300}
+        while True:
+            page = http.get(f"{base}/metrics", params=params).json()
+            assert list(page["values"]) == ["loss"]
+            steps += page["steps"]
+            if page["next_after_step"] is None:
+                break
+            params["after_step"] = page["next_after_step"]
+        assert steps == whole["steps"]
+
+        events = http.get(f"{base}/events").json()
+        assert [(e["kind"], e["world_size"]) for e in events["events"]] == [
+            ("WORLD_SIZE", 2),
+            ("WORKER_EXITED", 2),
+            ("RESET", 1),
+            ("WORLD_SIZE", 1),
+        ]
+        assert events["events"][1]["step"] == 2_999
+        later = http.get(f"{base}/events", params={"after_seq": 1, "limit": 1}).json()
+        assert ([e["seq"] for e in later["events"]], later["next_after_seq"]) == ([2], 2)
+
+        workers = http.get(f"{base}/workers").json()
+        assert [(w["hostname"], w["pid"], w["status"]) for w in workers["workers"]] == [("host-0", 100, "DEAD")]
+        assert [(w["pid"], w["status"], w["detail"]) for w in workers["departed"]] == [(101, "CRASHED", "killed")]
+        for route in ("metrics", "events", "workers"):
+            missing = http.get(f"/api/train/runs/nope/{route}")
+            assert (missing.status_code, missing.json()["field"]) == (404, "run_id")
+        assert http.get(f"{base}/metrics", params={"limit": 1001}).status_code == 422

@@ -35,10 +35,11 @@ TIMEOUT_S = 1.0
 WAITS = f"in time (each request waits at most {TIMEOUT_S:g} s)"
 
 
-def a_run(index: int, workers: int = 3) -> dict[str, Any]:
+def a_run(index: int, workers: int = 3, status: RunStatus = RunStatus.FINISHED) -> dict[str, Any]:
     return TrainRunInfo(
-        name="m", id=f"run-{index:04d}", job_id="01000000", run_status=RunStatus.FINISHED, start_time_ms=1_000 + index,
-        end_time_ms=2_000 + index, controller_actor_id=f"{index:024x}{99:08x}", world_size=workers,
+        name="m", id=f"run-{index:04d}", job_id="01000000", run_status=status, start_time_ms=1_000 + index,
+        end_time_ms=None if status is RunStatus.RUNNING else 2_000 + index,
+        controller_actor_id=f"{index:024x}{99:08x}", world_size=workers,
         workers=tuple(
             TrainWorkerInfo(actor_id=f"{index:024x}{rank:08x}", world_rank=rank, local_rank=rank, node_rank=0,
                             node_id="n" * 56, node_ip="127.0.0.1", hostname="h", pid=100 + rank)
@@ -93,8 +94,9 @@ class GcsRequestCounts:
 
 
 def test_worker_status_is_looked_up_by_id_never_by_reading_the_actor_table(serve: Any) -> None:
-    # Finished runs: the state actor itself leaves them alone, so every actor lookup here is the dashboard's.
-    store([a_run(index) for index in range(10)])
+    # Runs still going: their workers and controllers are looked up (ended runs are shown as recorded). The state
+    # actor's own check of runs going looks up their controllers too, but never reads the whole table either.
+    store([a_run(index, status=RunStatus.RUNNING) for index in range(10)])
     before = GcsRequestCounts().next_dump()
     with serve() as server, httpx.Client(base_url=server.url, timeout=30) as http:
         for _ in range(3):
@@ -187,9 +189,10 @@ def test_a_gcs_that_does_not_answer_gives_503_within_the_timeout(serve: Any) -> 
         assert f"did not answer where the state actor is {WAITS}" in finding.json()["detail"]
         assert health["status"] == "ok"
         assert not health["ray"]
-        store([a_run(index) for index in range(2)])
+        store([a_run(index, status=RunStatus.RUNNING) for index in range(2)])
         assert wait_until(lambda: http.get("/api/train/runs").status_code == 200, timeout_s=30, what="Ray again")
-        # The state actor found and answering (calls to it bypass the GCS): the workers' status asks the GCS.
+        # The state actor found and answering (calls to it bypass the GCS): the status of the workers of runs still
+        # going asks the GCS.
         with gcs_paused():
             looking_up = http.get("/api/train/runs")
         assert looking_up.status_code == 503

@@ -9,16 +9,26 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from elastrain.dashboard_api._private.hosts import HostPolicy
 from elastrain.dashboard_api._private.metrics import ApiMetrics
 from elastrain.dashboard_api._private.source import BadRequest, RaySource, Unavailable
 from elastrain.dashboard_api._private.tokens import bearer_dependency, check_token
 from elastrain.dashboard_api._version import __version__
-from elastrain.state import MAX_PAGE, RunStatus, TrainRunInfo
+from elastrain.state import (
+    MAX_HISTORY_PAGE,
+    MAX_PAGE,
+    MetricHistory,
+    RunEvents,
+    RunStatus,
+    RunWorkers,
+    TrainRunInfo,
+)
 
 DEFAULT_PAGE = 50
+MAX_STEP = 2**63 - 1  # steps (and event numbers) are non-negative 64-bit integers
+RunId = Annotated[str, Path(max_length=256, description="A run's id")]
 
 
 class RunsPage(BaseModel):
@@ -67,7 +77,10 @@ def create_app(source: Any = None, *, token: str | None = None, allowed_hosts: I
     app = FastAPI(
         title="elastrain dashboard API",
         version=__version__,
-        description="Training runs recorded by elastrain-state: paged, filtered, with live worker status.",
+        description=(
+            "Training runs recorded by elastrain-state: paged, filtered, with live worker status; each run's metric "
+            "history, events and departed workers."
+        ),
         responses={400: {"model": Problem, "description": "The Host header names a host this server does not answer"}},
     )
 
@@ -117,9 +130,58 @@ def create_app(source: Any = None, *, token: str | None = None, allowed_hosts: I
     )
     def get_run(run_id: Annotated[str, Path(max_length=256)]) -> Any:
         run = runs_source.get_run(run_id)
-        if run is None:
-            return JSONResponse({"detail": f"No run with id {run_id!r}.", "field": "run_id"}, status_code=404)
-        return run
+        return _no_run(run_id) if run is None else run
+
+    not_found = {**errors, 404: {"model": Problem, "description": "No such run"}}
+
+    @app.get(
+        "/api/train/runs/{run_id}/metrics",
+        response_model=MetricHistory,
+        responses=not_found,
+        dependencies=guard,
+        summary="A run's metric history, by column, downsampled to at most 1000 points",
+    )
+    def get_metrics(
+        run_id: RunId,
+        metric: Annotated[
+            list[Annotated[str, Field(max_length=256)]] | None,
+            Query(max_length=32, description="Only these metrics (repeat the parameter); all by default"),
+        ] = None,
+        after_step: Annotated[
+            int | None, Query(ge=0, le=MAX_STEP, description="Only points after this step: next_after_step")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_PAGE, description="Points per page")] = MAX_HISTORY_PAGE,
+    ) -> Any:
+        found = runs_source.get_metrics(run_id, names=metric, after_step=after_step, limit=limit)
+        return _no_run(run_id) if found is None else found
+
+    @app.get(
+        "/api/train/runs/{run_id}/events",
+        response_model=RunEvents,
+        responses=not_found,
+        dependencies=guard,
+        summary="A run's events (resets, world sizes, workers that left, its end), oldest first",
+    )
+    def get_events(
+        run_id: RunId,
+        after_seq: Annotated[
+            int | None, Query(ge=0, le=MAX_STEP, description="Only events after this seq: next_after_seq")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_PAGE, description="Events per page")] = MAX_HISTORY_PAGE,
+    ) -> Any:
+        found = runs_source.get_events(run_id, after_seq=after_seq, limit=limit)
+        return _no_run(run_id) if found is None else found
+
+    @app.get(
+        "/api/train/runs/{run_id}/workers",
+        response_model=RunWorkers,
+        responses=not_found,
+        dependencies=guard,
+        summary="A run's workers now and those that left it",
+    )
+    def get_workers(run_id: RunId) -> Any:
+        found = runs_source.get_workers(run_id)
+        return _no_run(run_id) if found is None else found
 
     @app.get("/healthz", response_model=Health, summary="Liveness, and whether Ray and tracking are reachable")
     def health() -> Health:
@@ -150,6 +212,10 @@ def create_app(source: Any = None, *, token: str | None = None, allowed_hosts: I
         return HTMLResponse(html, headers={"Content-Security-Policy": _PAGE_POLICY})
 
     return app
+
+
+def _no_run(run_id: str) -> JSONResponse:
+    return JSONResponse({"detail": f"No run with id {run_id!r}.", "field": "run_id"}, status_code=404)
 
 
 # The page loads nothing from elsewhere and talks only to this server.

@@ -1,7 +1,8 @@
 """Where the API's data comes from: the cluster's state actor for runs, Ray's actor table for liveness.
 
 A request makes one call to the state actor (found once and kept; looked up again when it has died) and one
-point lookup per worker and controller on the page; never a read of every actor in the cluster. Everything it
+point lookup per worker recorded ALIVE and per controller of the runs still going on the page; never a read of
+every actor in the cluster. Everything it
 asks Ray shares one deadline, so a slow or unreachable cluster gives a 503 in ``timeout_s``, not a hung request.
 """
 
@@ -10,14 +11,25 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from elastrain.dashboard_api._private.ray_calls import PRESENT_STATES, BoundedCalls, RayTimeout, actor_states
-from elastrain.state import SCHEMA_VERSION, ActorStatus, RunStatus, TrainRunInfo, TrainWorkerInfo, get_state_actor
+from elastrain.state import (
+    SCHEMA_VERSION,
+    MetricHistory,
+    RunEvents,
+    RunStatus,
+    RunWorkers,
+    TrainRunInfo,
+    TrainWorkerInfo,
+    WorkerStatus,
+    get_state_actor,
+)
 
 DEFAULT_TIMEOUT_S = 10.0
+M = TypeVar("M", bound=BaseModel)
 
 
 class Unavailable(Exception):
@@ -70,6 +82,28 @@ class RaySource:
             return None
         run = _parse(document)
         return decorate([run], self._present([run], deadline))[0]
+
+    def get_metrics(
+        self, run_id: str, *, names: list[str] | None, after_step: int | None, limit: int
+    ) -> MetricHistory | None:
+        document = self._call(time.monotonic() + self.timeout_s, "get_metrics", run_id, names, after_step, limit)
+        return None if document is None else _parse_as(MetricHistory, document)
+
+    def get_events(self, run_id: str, *, after_seq: int | None, limit: int) -> RunEvents | None:
+        document = self._call(time.monotonic() + self.timeout_s, "get_events", run_id, after_seq, limit)
+        return None if document is None else _parse_as(RunEvents, document)
+
+    def get_workers(self, run_id: str) -> RunWorkers | None:
+        """The run's workers (decorated as the run routes do) and those that left it."""
+        deadline = time.monotonic() + self.timeout_s
+        document = self._call(deadline, "get_workers", run_id)
+        if document is None:
+            return None
+        found = _parse_as(RunWorkers, document)
+        if found.run_status.is_terminal:
+            return found
+        alive = self._present_workers({w.actor_id for w in found.workers if w.status is WorkerStatus.ALIVE}, deadline)
+        return found.model_copy(update={"workers": [_shown(worker, alive) for worker in found.workers]})
 
     def info(self) -> dict[str, Any]:
         info: dict[str, Any] = self._call(time.monotonic() + self.timeout_s, "info")
@@ -129,22 +163,40 @@ class RaySource:
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _present(self, runs: list[TrainRunInfo], deadline: float) -> set[str]:
-        """The ids, among these runs' workers and controllers, of actors alive now, and of controllers that are
-        starting or restarting (present too)."""
-        workers = {w.actor_id for run in runs for w in run.workers}
-        controllers = {run.controller_actor_id for run in runs if run.controller_actor_id}
-        if not workers | controllers:
-            return set()
+        """The ids, among the workers recorded ALIVE and the controllers of runs still going, of actors alive now,
+        and of controllers that are starting or restarting (present too). Ended runs need no lookup: they are
+        shown as recorded."""
+        going = [run for run in runs if not run.run_status.is_terminal]
+        workers = {w.actor_id for run in going for w in run.workers if w.status is WorkerStatus.ALIVE}
+        controllers = {run.controller_actor_id for run in going if run.controller_actor_id}
+        states = self._states(workers | controllers, deadline)
+        alive = {actor_id for actor_id in workers if states.get(actor_id) == "ALIVE"}
+        return alive | {actor_id for actor_id in controllers if states.get(actor_id) in PRESENT_STATES}
+
+    def _present_workers(self, workers: set[str], deadline: float) -> set[str]:
+        states = self._states(workers, deadline)
+        return {actor_id for actor_id in workers if states.get(actor_id) == "ALIVE"}
+
+    def _states(self, actor_ids: set[str], deadline: float) -> dict[str, str]:
+        if not actor_ids:
+            return {}
         try:
-            states = self._calls.run(
-                lambda: actor_states(workers | controllers), deadline - time.monotonic(), "the actors' states"
-            )
+            return self._calls.run(lambda: actor_states(actor_ids), deadline - time.monotonic(), "the actors' states")
         except RayTimeout as error:
             raise Unavailable(f"Ray's actor table did not answer: {error}{self._budget}") from None
         except Exception as error:
             raise Unavailable(f"Ray's actor table did not answer: {_first_line(error)}") from None
-        alive = {actor_id for actor_id in workers if states.get(actor_id) == "ALIVE"}
-        return alive | {actor_id for actor_id in controllers if states.get(actor_id) in PRESENT_STATES}
+
+
+def _parse_as(model: type[M], document: Any) -> M:
+    """A history page as a model, or 503 saying to install the same version on both sides: never a 500."""
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        raise Unavailable(
+            f"The state actor returned a {model.__name__} this dashboard cannot read ({_first_problem(error)}): "
+            "install the same elastrain-state version here as on the cluster."
+        ) from None
 
 
 def _parse(document: Any) -> TrainRunInfo:
@@ -166,23 +218,26 @@ def _parse(document: Any) -> TrainRunInfo:
 
 
 def decorate(runs: list[TrainRunInfo], alive: set[str]) -> list[TrainRunInfo]:
-    """Workers marked ALIVE or DEAD; a RUNNING run whose controller is gone shown as ABORTED (not stored)."""
+    """In runs still going, workers recorded ALIVE whose actor is not alive shown DEAD, and a run whose controller
+    is gone shown as ABORTED (neither is stored). Ended runs are shown as recorded: their workers say how they
+    ended (FINISHED, STOPPED, CRASHED, REMOVED)."""
     shown = []
     for run in runs:
-        workers = tuple(
-            _with_status(w, ActorStatus.ALIVE if w.actor_id in alive else ActorStatus.DEAD) for w in run.workers
-        )
-        changes: dict[str, Any] = {"workers": workers}
-        controller_gone = run.controller_actor_id is not None and run.controller_actor_id not in alive
-        if not run.run_status.is_terminal and controller_gone:
+        if run.run_status.is_terminal:
+            shown.append(run)
+            continue
+        changes: dict[str, Any] = {"workers": tuple(_shown(worker, alive) for worker in run.workers)}
+        if run.controller_actor_id is not None and run.controller_actor_id not in alive:
             changes["run_status"] = RunStatus.ABORTED
             changes["status_detail"] = "The run's controller is gone (its driver exited without ending the run)."
         shown.append(run.model_copy(update=changes))
     return shown
 
 
-def _with_status(worker: TrainWorkerInfo, status: ActorStatus) -> TrainWorkerInfo:
-    return worker if worker.status is status else worker.model_copy(update={"status": status})
+def _shown(worker: TrainWorkerInfo, alive: set[str]) -> TrainWorkerInfo:
+    if worker.status is not WorkerStatus.ALIVE or worker.actor_id in alive:
+        return worker
+    return worker.model_copy(update={"status": WorkerStatus.DEAD})
 
 
 def _first_problem(error: ValidationError) -> str:
