@@ -1,6 +1,6 @@
 """executor + state + dashboard-api: a run shows up in the dashboard's HTTP API, served by the
 ``elastrain-dashboard`` command like a user runs it, with the right workers and statuses through a failure and
-a resize; a failing run shows as ERRORED with its error."""
+a resize, and with the metrics its workers sent and its events; a failing run shows as ERRORED with its error."""
 
 from __future__ import annotations
 
@@ -94,6 +94,22 @@ def test_a_run_through_a_crash_and_a_new_node(cluster: Any, api: httpx.Client, t
 
     listed = api.get("/api/train/runs", params={"status": "FINISHED"}).json()["runs"]
     assert executor.last_run_id in [run["id"] for run in listed]
+
+    # Without callbacks of their own for it, what the workers sent is the run's metric history, and the crash and
+    # the resets are its events; the killed worker is listed among the departed.
+    base = f"/api/train/runs/{executor.last_run_id}"
+    history = api.get(f"{base}/metrics", params={"metric": "size"}).json()
+    assert history["steps"][-1] == last_step
+    assert history["values"]["size"][-1] == 3.0
+    assert history["next_after_step"] is None  # every point in one request
+    events = api.get(f"{base}/events").json()["events"]
+    crashed = [e for e in events if e["kind"] == "WORKER_EXITED" and e["status"] == "CRASHED"]
+    assert killed_pid in {e["worker"]["pid"] for e in crashed}, events
+    assert sum(e["kind"] == "RESET" for e in events) == final["resets"]
+    assert (events[-1]["kind"], events[-1]["status"]) == ("RUN_ENDED", "FINISHED")
+    workers = api.get(f"{base}/workers").json()
+    assert killed_pid in {w["pid"] for w in workers["departed"] if w["status"] == "CRASHED"}
+    assert {w["status"] for w in workers["workers"]} == {"FINISHED"}
 
 
 def fails_on_rank_1(_: Any) -> None:
