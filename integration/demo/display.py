@@ -38,7 +38,8 @@ class Display:
         self._last_line: dict[str, Any] | None = None  # the last report printed as a line (not live)
         self._bar: tqdm[Any] | None = None  # the live line, from the first report on (its clock starts there)
 
-    def __call__(self, report: dict[str, Any]) -> None:
+    def __call__(self, message: dict[str, Any]) -> None:
+        report = {**message, **message.get("world", {})}  # the bookkeeping, flattened for the summary
         with self._lock:
             previous = self.reports[-1] if self.reports else None
             self.reports.append(report)

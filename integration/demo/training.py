@@ -85,7 +85,11 @@ def train(epochs: int, persistence: Any, crash_step: int) -> dict[str, float]:
 
         def report() -> None:  # metrics for the driver's callbacks (and the run's state)
             done = state.epoch + min(1.0, sampler.processed_num / len(train_set))
-            send({"step": state.step, "epoch": done, "size": size, "resets": state.resets, **window.take()})
+            # Numbers are charted as the run's metrics; the bookkeeping the driver's summary needs goes in a
+            # nested dict, which run state leaves out.
+            taken = window.take()
+            world = {"size": size, "resets": state.resets, "time": taken.pop("time")}
+            send({"step": state.step, "epoch": done, **taken, "world": world})
 
         reported = False  # report the first step of every world: the driver times recoveries from it
         while state.epoch < epochs:
