@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from elastrain.executor import WorkerDiedError, WorkerError
+from elastrain.executor import WorkerDiedError, WorkerError, elastic
 from elastrain.executor._private.tracebacks import clean_traceback
 from elastrain_testutils.packaging import assert_exceptions_named_publicly
 
@@ -122,6 +122,9 @@ def test_worker_error_survives_pickling() -> None:
     assert copy.__notes__ == ["a note"]
     died = pickle.loads(pickle.dumps(WorkerDiedError(0, "node-b", "killed")))  # noqa: S301
     assert (died.rank, died.node_id, died.reason) == (0, "node-b", "killed")
+    for skip_sync in (False, True):
+        interrupt = pickle.loads(pickle.dumps(elastic.HostsUpdatedInterrupt(skip_sync)))  # noqa: S301
+        assert interrupt.skip_sync is skip_sync
 
 
 RAY_FORMATTED = textwrap.dedent(

@@ -39,6 +39,9 @@ class HostsUpdatedInterrupt(Exception):
         super().__init__(f"hosts updated (skip_sync={skip_sync})")
         self.skip_sync = skip_sync
 
+    def __reduce__(self) -> tuple[type[HostsUpdatedInterrupt], tuple[bool]]:
+        return (type(self), (self.skip_sync,))  # the default would pass the message back as skip_sync
+
 
 _current: Runtime | None = None
 
