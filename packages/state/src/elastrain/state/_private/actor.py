@@ -231,24 +231,22 @@ class StateActor:
     ) -> dict[str, Any] | None:
         """A page of the run's metric history (a ``MetricHistory``), or None for an unknown run."""
         _check_limit(limit)
-        with self._lock:
-            if self.table.get_json(run_id) is None:
-                return None
-            document = self.histories.document(run_id)
-            page = metrics_page((document or empty_document())["metrics"], names, after_step, limit)
-            return {"run_id": run_id, **page, "retained": document is not None}
+        return self._history_page(run_id, lambda history: metrics_page(history["metrics"], names, after_step, limit))
 
     def get_events(
         self, run_id: str, after_seq: int | None = None, limit: int = MAX_HISTORY_PAGE
     ) -> dict[str, Any] | None:
         """A page of the run's events, oldest first (a ``RunEvents``), or None for an unknown run."""
         _check_limit(limit)
+        return self._history_page(run_id, lambda history: events_page(history, after_seq, limit))
+
+    def _history_page(self, run_id: str, page_of: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
+        """``page_of`` the run's history (an empty one once retention dropped it); None for an unknown run."""
         with self._lock:
             if self.table.get_json(run_id) is None:
                 return None
             document = self.histories.document(run_id)
-            page = events_page(document or empty_document(), after_seq, limit)
-            return {"run_id": run_id, **page, "retained": document is not None}
+            return {"run_id": run_id, **page_of(document or empty_document()), "retained": document is not None}
 
     def get_workers(self, run_id: str) -> dict[str, Any] | None:
         """The run's workers and those that left it (a ``RunWorkers``), or None for an unknown run."""
