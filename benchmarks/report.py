@@ -32,6 +32,7 @@ COLOURS = {"meets": "#2e7d32", "misses": "#c62828", "-": "#9e9e9e"}
 # then the limits (the bare Ray call or actor that elastrain itself builds on).
 FAMILIES = [
     ("Ray Train", "Ray Train"),
+    ("Ray Tune", "Ray Tune"),
     ("Horovod", "Horovod"),
     ("raw ", "the raw limits"),
     ("(limit)", "the raw limits"),

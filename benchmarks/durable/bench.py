@@ -3,9 +3,10 @@
 Same run, same bytes: a 256 MiB checkpoint of four files, saved to a SeaweedFS S3 server on 127.0.0.1.
 - training-blocked time per checkpoint: ``save_async`` (returns once staged) vs ``save`` (returns once committed);
 - upload: ``CheckpointStore.save`` vs a raw ``s3fs`` ``put`` of the same folder (throughput ≥ 0.9× means time
-  ≤ 1.11×), and vs Ray Train's persistence path (``pyarrow.fs.copy_files`` to S3, throughput ≥ 1.0×);
+  ≤ 1.11×), and vs Ray Train's persistence path (``pyarrow.fs.copy_files`` to S3, throughput ≥ 1.0×), with the
+  default client and with ``ArrowSyncClient`` (pyarrow's S3 client, checksumming the bytes it moves);
 - restore: ``CheckpointStore.restore`` (download + SHA-256 check) vs a raw ``s3fs`` ``get`` (≤ 1.3×) and vs
-  ``pyarrow.fs.copy_files`` from S3, reported;
+  ``pyarrow.fs.copy_files`` from S3, reported; with ``ArrowSyncClient`` vs ``pyarrow.fs.copy_files`` (≤ 1.3×);
 - a new process's first ``list()`` of 100 committed checkpoints vs reading their manifests one by one.
 Rounds are interleaved; rows show medians.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import Row, parse_args, write_results
-from elastrain.durable import CheckpointStore
+from elastrain.durable import ArrowSyncClient, CheckpointStore
 from elastrain_testutils.storage_servers import ACCESS_KEY, SECRET_KEY, SeaweedS3
 
 FILE_MIB = (128, 64, 48, 16)  # 256 MiB in all
@@ -47,6 +48,7 @@ def timed(fn: Callable[[], object]) -> float:
 def measure_round(
     round_: int,
     store: CheckpointStore,
+    arrow_store: CheckpointStore,
     source: Path,
     raw: Any,
     arrow: Any,
@@ -73,6 +75,7 @@ def measure_round(
     target, arrow_target = f"bench/raw-{round_}", f"bench/arrow-{round_}"
     uploads: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         ("save", lambda: store.save(source), store.wait),  # the collection after it is not timed
+        ("save arrow", lambda: arrow_store.save(source), arrow_store.wait),
         ("s3fs put", lambda: raw.put(str(source), target, recursive=True), lambda: raw.rm(target, recursive=True)),
         (
             "pyarrow copy_files",
@@ -85,10 +88,12 @@ def measure_round(
         clean()
     latest = store.latest()
     assert latest is not None
-    restored, fetched, arrowed = (scratch / f"{kind}-{round_}" for kind in ("restored", "fetched", "arrowed"))
+    kinds = ("restored", "restored-arrow", "fetched", "arrowed")
+    restored, restored_arrow, fetched, arrowed = (scratch / f"{kind}-{round_}" for kind in kinds)
     arrowed.mkdir()  # pyarrow creates files, not the folder
     downloads: list[tuple[str, Callable[[], object], Path]] = [
         ("restore", lambda: store.restore(local_dir=restored), restored),
+        ("restore arrow", lambda: arrow_store.restore(local_dir=restored_arrow), restored_arrow),
         ("s3fs get", lambda: raw.get(f"bench/store/{latest.name}/", str(fetched), recursive=True), fetched),
         (
             "pyarrow copy_files get",
@@ -136,7 +141,7 @@ def fill_many(options: dict[str, Any], scratch: Path) -> None:
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    rounds = 2 if args.quick else 5
+    rounds = 2 if args.quick else 7
     samples: dict[str, list[float]] = {}
 
     def record(name: str, seconds: float) -> None:
@@ -156,11 +161,14 @@ def main() -> None:
         )
         store = CheckpointStore("s3://bench/store", storage_options=options, num_to_keep=1)
         store.save(source)  # warm: connections, bucket, listing
+        arrow_store = CheckpointStore("s3://bench/arrow-store", sync_client=ArrowSyncClient(arrow), num_to_keep=1)
+        arrow_store.save(source)
         fill_many(options, Path(scratch))
         for round_ in range(rounds):
-            measure_round(round_, store, source, raw, arrow, Path(scratch), record)
+            measure_round(round_, store, arrow_store, source, raw, arrow, Path(scratch), record)
             measure_listing(options, record)
         store.close()
+        arrow_store.close()
 
     median = {name: statistics.median(values) for name, values in samples.items()}
     case = f"{total >> 20} MiB, {len(FILE_MIB)} files, SeaweedFS S3"
@@ -173,7 +181,11 @@ def main() -> None:
             median["s3fs put"], 1 / 0.9),
         Row(case, "upload: save (time; ≤ 1.0× = throughput ≥ Ray Train's)", median["save"],
             "Ray Train path (pyarrow.fs.copy_files)", median["pyarrow copy_files"], 1.0),
+        Row(case, "upload: save with ArrowSyncClient (time; ≤ 1.0×)", median["save arrow"],
+            "Ray Train path (pyarrow.fs.copy_files)", median["pyarrow copy_files"], 1.0),
         Row(case, "restore (download + SHA-256 check)", median["restore"], "raw s3fs get", median["s3fs get"], 1.3),
+        Row(case, "restore with ArrowSyncClient", median["restore arrow"], "pyarrow.fs.copy_files from S3",
+            median["pyarrow copy_files get"], 1.3),
         Row(case, "restore (download + SHA-256 check)", median["restore"], "pyarrow.fs.copy_files from S3",
             median["pyarrow copy_files get"], None),
         Row(f"{MANY} committed checkpoints, SeaweedFS S3", "a new store's first list()", median["list 100"],

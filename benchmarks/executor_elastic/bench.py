@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import Row, parse_args, write_results
+from benchlib import Row, median_of_runs, parse_args, write_results
 
 CRASH_STEP = 30
 STEP_S = 0.05
@@ -484,23 +484,7 @@ def sync_rows(results: dict[str, Any]) -> list[Row]:
 
 def measure_in_child(name: str, repeats: int) -> dict[str, Any] | None:
     """Median of each measured value over ``repeats`` runs of the scenario, each in its own process."""
-    runs = [run for run in (_one_child_run(name) for _ in range(repeats)) if run is not None]
-    if not runs:
-        return None
-    keys = list(dict.fromkeys(key for run in runs for key in run))
-    numeric = [key for key in keys if all(_numeric(run.get(key)) for run in runs)]
-    merged: dict[str, Any] = {}
-    for key in keys:
-        if key not in numeric:  # one value where every run agrees, else each run's
-            values = [run.get(key) for run in runs]
-            merged[key] = values[0] if all(value == values[0] for value in values) else values
-    merged.update({key: statistics.median(run[key] for run in runs) for key in numeric})
-    merged["samples"] = {key: [round(run[key], 3) for run in runs] for key in numeric}
-    return merged
-
-
-def _numeric(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return median_of_runs([run for run in (_one_child_run(name) for _ in range(repeats)) if run is not None])
 
 
 def _one_child_run(name: str) -> dict[str, Any] | None:

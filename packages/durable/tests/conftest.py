@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from elastrain.durable import CheckpointStore, StorageError
 from elastrain_testutils.storage_servers import FakeGcs, MotoS3, SeaweedS3
 
 _buckets = itertools.count()
@@ -58,3 +63,41 @@ def new_bucket(server: MotoS3 | SeaweedS3 | FakeGcs) -> str:
     name = f"elastrain-test-{os.getpid()}-{next(_buckets)}"
     server.create_bucket(name)
     return name
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A server on 127.0.0.1 that accepts connections and never replies; yields its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
+def assert_save_fails_within_its_deadline(store: CheckpointStore, tree: Path) -> None:
+    """``store`` (timeout_s=3) talks to a silent server: training is not blocked, and the save fails in time."""
+    started = time.monotonic()
+    future = store.save_async(tree)
+    assert time.monotonic() - started < 2  # staging only: the silent server does not block training
+    with pytest.raises(StorageError):
+        future.result(60)
+    assert time.monotonic() - started < 15
+    store.close()

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_tree, new_bucket, tree_contents
+from conftest import assert_save_fails_within_its_deadline, make_tree, new_bucket, silent_server, tree_contents
 
-from elastrain.durable import CheckpointCorruptedError, CheckpointStore, StorageError
+from elastrain.durable import ArrowSyncClient, CheckpointCorruptedError, CheckpointStore, StorageError
 from elastrain_testutils.storage_servers import ACCESS_KEY, SECRET_KEY, FakeGcs, MotoS3, SeaweedS3
 from elastrain_testutils.waiting import wait_until
 
@@ -24,11 +24,15 @@ def server(request: pytest.FixtureRequest) -> Server:
     return value
 
 
-def store_for(server: Server, **options: Any) -> CheckpointStore:
+def store_for(server: Server, *, client: str = "fsspec", **options: Any) -> CheckpointStore:
     scheme = "gs" if isinstance(server, FakeGcs) else "s3"
-    return CheckpointStore(
-        f"{scheme}://{new_bucket(server)}/runs/job-1", storage_options=server.storage_options(), **options
-    )
+    uri = f"{scheme}://{new_bucket(server)}/runs/job-1"
+    if client == "arrow":
+        assert not isinstance(server, FakeGcs)
+        return CheckpointStore(
+            uri, sync_client=ArrowSyncClient(server.arrow_filesystem(), chunk_size=1 << 20), **options
+        )
+    return CheckpointStore(uri, storage_options=server.storage_options(), **options)
 
 
 def remote_names(store: CheckpointStore, uri: str) -> list[str]:
@@ -36,7 +40,19 @@ def remote_names(store: CheckpointStore, uri: str) -> list[str]:
 
 
 def test_round_trip_gc_and_resume(server: Server, tmp_path: Path, tree: Path) -> None:
-    with store_for(server, num_to_keep=2, score_attribute="loss", score_order="min") as store:
+    round_trip(store_for(server, num_to_keep=2, score_attribute="loss", score_order="min"), server, tmp_path, tree)
+
+
+@pytest.mark.parametrize("s3_server", ["moto_s3", "seaweed_s3"])
+def test_round_trip_through_pyarrow(s3_server: str, request: pytest.FixtureRequest, tmp_path: Path, tree: Path) -> None:
+    """ArrowSyncClient writes the store's layout: the default client, below, reads what pyarrow wrote."""
+    server: Server = request.getfixturevalue(s3_server)
+    store = store_for(server, client="arrow", num_to_keep=2, score_attribute="loss", score_order="min")
+    round_trip(store, server, tmp_path, tree)
+
+
+def round_trip(store: CheckpointStore, server: Server, tmp_path: Path, tree: Path) -> None:
+    with store:
         for step, loss in enumerate([0.9, 0.1, 0.5, 0.7]):
             store.save(tree, metrics={"loss": loss}, step=step)
         store.wait()
@@ -45,9 +61,7 @@ def test_round_trip_gc_and_resume(server: Server, tmp_path: Path, tree: Path) ->
         root = store.location.root
         assert len([n for n in remote_names(store, root) if n.startswith("checkpoint_")]) == 2
         assert len(remote_names(store, f"{root}/_manifests")) == 2
-        uri = root
-    scheme_options = server.storage_options()
-    with CheckpointStore(uri, storage_options=scheme_options) as fresh:  # a new process would do the same
+    with CheckpointStore(root, storage_options=server.storage_options()) as fresh:  # a new process would do the same
         restored = fresh.restore(local_dir=tmp_path / "out")
         assert restored.step == 3
         assert restored.metrics == {"loss": 0.7}
@@ -95,8 +109,9 @@ def test_credentials_never_appear(
 # -- faults (SeaweedFS keeps its data on disk, so it can be killed and restarted) ----------------------------------
 
 
-def test_server_killed_mid_upload(seaweed_s3: SeaweedS3, tmp_path: Path, tree: Path) -> None:
-    store = store_for(seaweed_s3, retries=2, timeout_s=20)
+@pytest.mark.parametrize("client", ["fsspec", "arrow"])
+def test_server_killed_mid_upload(seaweed_s3: SeaweedS3, tmp_path: Path, tree: Path, client: str) -> None:
+    store = store_for(seaweed_s3, client=client, retries=2, timeout_s=20)
     try:
         first = store.save(tree, step=0)
         big = make_tree(tmp_path / "big", big_bytes=64 << 20)
@@ -122,44 +137,13 @@ def test_server_killed_mid_upload(seaweed_s3: SeaweedS3, tmp_path: Path, tree: P
         store.close()
 
 
-def test_a_server_that_never_answers_hits_the_deadline(tmp_path: Path, tree: Path) -> None:
+def test_a_server_that_never_answers_hits_the_deadline(tree: Path) -> None:
     """It accepts connections and never replies: an S3 PUT would otherwise hang forever."""
-    import contextlib
-    import socket
-    import threading
-    import time
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                held.append(listener.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    options = {
-        "key": ACCESS_KEY,
-        "secret": SECRET_KEY,
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{listener.getsockname()[1]}"},
-    }
-    try:
+    with silent_server() as port:
+        options = {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
+        }
         store = CheckpointStore("s3://silent/run", storage_options=options, timeout_s=3, retries=0)
-        started = time.monotonic()
-        future = store.save_async(tree)
-        assert time.monotonic() - started < 2  # staging only: the silent server does not block training
-        with pytest.raises(StorageError):
-            future.result(60)
-        assert time.monotonic() - started < 15
-        store.close()
-    finally:
-        stop.set()
-        thread.join(5)
-        for connection in held:
-            connection.close()
-        listener.close()
+        assert_save_fails_within_its_deadline(store, tree)

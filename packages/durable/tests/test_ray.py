@@ -116,3 +116,58 @@ def test_state_persistence_checks_its_options(tmp_path: Path) -> None:
         StatePersistence(tmp_path / "s", every=0)
     with pytest.raises(ValueError, match="num_to_keep must be at least 1"):
         StatePersistence(tmp_path / "s", num_to_keep=0)
+
+
+class _Counted:
+    """Stands in for an elastic state: what StatePersistence.committed reads."""
+
+    def __init__(self, commits: int, value: str) -> None:
+        self.commit_count = commits
+        self.value = value
+
+    def snapshot(self) -> dict[str, str]:
+        return {"value": self.value}
+
+
+def test_prefetch_loads_the_latest_state_once_and_load_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = str(tmp_path / "persisted")
+    writer = StatePersistence(uri, every=1, num_to_keep=2)
+    writer.committed(_Counted(3, "third"))
+    writer.close()
+    reader = StatePersistence(uri, every=1)
+    restores: list[object] = []
+    original = CheckpointStore.restore
+
+    def counting(self: CheckpointStore, *args: Any, **kwargs: Any) -> Any:
+        restores.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointStore, "restore", counting)
+    reader.prefetch()
+    reader.prefetch()  # a second call starts nothing more
+    name = reader.latest()
+    assert name is not None
+    assert reader.load(name) == ({"value": "third"}, 3)
+    assert len(restores) == 1  # the prefetched copy, not a second download
+    assert reader.load(name) == ({"value": "third"}, 3)  # used once: a later load reads again
+    assert len(restores) == 2
+    reader.close()
+
+
+def test_a_prefetch_of_another_checkpoint_is_not_used(tmp_path: Path) -> None:
+    uri = str(tmp_path / "persisted")
+    writer = StatePersistence(uri, every=1, num_to_keep=3)
+    writer.committed(_Counted(1, "first"))
+    writer.flush()
+    reader = StatePersistence(uri, every=1)
+    reader.prefetch()
+    first = reader.latest()
+    writer.committed(_Counted(2, "second"))  # a newer one lands after the prefetch began
+    writer.close()
+    newest = reader.latest()
+    assert newest is not None
+    assert newest != first
+    assert reader.load(newest) == ({"value": "second"}, 2)
+    reader.close()

@@ -21,6 +21,7 @@ import pytest
 
 from elastrain.executor import RayExecutor, elastic, send
 from elastrain_testutils.ray_testing import NODE_DEFAULTS, local_cluster
+from elastrain_testutils.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -174,6 +175,49 @@ def test_node_removed_and_added_back(cluster: Any) -> None:
         results = job.result(timeout=300)
     assert 1 in sizes
     assert sizes[-1] == 2, "the worker on the new node never joined"
+    for weights in results:
+        assert weights == pytest.approx(reference(steps), rel=1e-9, abs=1e-12)
+
+
+def test_a_worker_lost_with_its_node_is_counted_dead_by_the_roll_call(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hard node loss: Ray tells of the lost worker only seconds later, but its peer reports the failed group
+    and the lost worker does not answer the roll call, so the job goes on without waiting for Ray."""
+    import ray
+
+    steps = 400
+    shrunk = threading.Event()
+    full_size_running = threading.Event()
+
+    def on_message(message: dict[str, Any]) -> None:
+        if message["size"] == 2 and message["step"] > 20:
+            full_size_running.set()
+        if message["size"] == 1:
+            shrunk.set()
+
+    with (
+        caplog.at_level("WARNING", logger="elastrain.executor"),
+        executor(cpus_per_worker=2) as ex,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        ex.start()
+        job = pool.submit(ex.run, train_model, [steps, 0.02], None, [on_message])
+        assert full_size_running.wait(60)
+        removed = cluster.list_all_nodes()[-1]
+        cluster.remove_node(removed, allow_graceful=False)
+        assert shrunk.wait(60)
+        cluster.add_node(num_cpus=2, **NODE_DEFAULTS)
+        results = job.result(timeout=300)
+    # The next test must not meet the removed node, which Ray declares dead only some seconds after a hard loss.
+    wait_until(
+        lambda: not any(n["NodeID"] == removed.node_id and n["Alive"] for n in ray.nodes()),
+        timeout_s=60,
+        what="Ray to declare the removed node dead",
+    )
+    assert any("did not answer within" in record.getMessage() for record in caplog.records), [
+        record.getMessage() for record in caplog.records
+    ]
     for weights in results:
         assert weights == pytest.approx(reference(steps), rel=1e-9, abs=1e-12)
 

@@ -107,8 +107,10 @@ def test_a_frozen_worker_is_evicted_and_the_survivor_goes_on(tmp_path: Path, cap
     assert set(results) == {40}  # the survivor (and a replacement, if it joined before the end)
     evictions = [w for w in warnings_from(caplog) if w.startswith("Evicting worker") and "no heartbeat" in w]
     assert len(evictions) == 1
-    after = [m for m in messages if m["t"] > at]
-    assert after[0]["size"] == 1  # the survivor went on alone before the replacement joined
+    # Steps after the frozen one: rank 0 may still be sending the step before it when rank 1 freezes.
+    after = sorted((m for m in messages if m["t"] > at and m["step"] > MISBEHAVE_AT), key=lambda m: m["t"])
+    around = [m for m in messages if m["step"] >= MISBEHAVE_AT - 1][:8]
+    assert after[0]["size"] == 1, (at, pid, around)  # the survivor went on alone before the replacement joined
     assert after[0]["t"] - at < COLLECTIVE_TIMEOUT_S  # not freed by the collective timeout
     assert pid not in {m["pid"] for m in after}
     with pytest.raises(ProcessLookupError):  # killed (SIGKILL works on a stopped process) and reaped

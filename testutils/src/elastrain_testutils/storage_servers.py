@@ -131,6 +131,22 @@ class S3Server(_Server):
             "config_kwargs": {"connect_timeout": 2, "read_timeout": 10, "retries": {"max_attempts": 1}, **config},
         }
 
+    def arrow_filesystem(self, **options: Any) -> Any:
+        """A ``pyarrow.fs.S3FileSystem`` on this server, with the same short timeouts as ``storage_options``."""
+        import pyarrow.fs
+
+        settings: dict[str, Any] = {
+            "access_key": ACCESS_KEY,
+            "secret_key": SECRET_KEY,
+            "endpoint_override": self.endpoint_url,
+            "scheme": "http",
+            "region": "us-east-1",
+            "connect_timeout": 2,
+            "request_timeout": 10,
+            "retry_strategy": pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=1),
+        }
+        return pyarrow.fs.S3FileSystem(**{**settings, **options})
+
     def create_bucket(self, bucket: str) -> None:
         import s3fs
 

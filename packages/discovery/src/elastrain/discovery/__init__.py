@@ -13,6 +13,7 @@ from elastrain.discovery._private.manager import (
     HostManager,
     HostManagerStoppedError,
 )
+from elastrain.discovery._private.placement_group import PlacementGroupHostDiscovery
 from elastrain.discovery._private.ray_discovery import RayHostDiscovery
 from elastrain.discovery._private.script import ScriptHostDiscovery
 from elastrain.discovery._private.static import StaticHostDiscovery
@@ -30,6 +31,7 @@ __all__ = [
     "HostDiscoveryError",
     "HostDiscoveryClosedError",
     "RayHostDiscovery",
+    "PlacementGroupHostDiscovery",
     "StaticHostDiscovery",
     "ScriptHostDiscovery",
     # watching hosts

@@ -11,6 +11,7 @@ store.close()
 ```
 """
 
+from elastrain.durable._private.arrow_client import ArrowSyncClient
 from elastrain.durable._private.checkpoint import Checkpoint, FileEntry
 from elastrain.durable._private.command_client import CommandSyncClient
 from elastrain.durable._private.elastic import StatePersistence
@@ -37,6 +38,7 @@ __all__ = [
     "FileEntry",
     "SyncClient",
     "FsspecSyncClient",
+    "ArrowSyncClient",
     "CommandSyncClient",
     "StatePersistence",
     "DurableError",

@@ -11,6 +11,7 @@ from elastrain.executor._version import __version__
 
 if TYPE_CHECKING:
     from elastrain.executor._private.backends.base import Backend, WorkerGroup, register_backend
+    from elastrain.executor._private.capacity import check_can_place
     from elastrain.executor._private.context import WorkerContext, context, send
     from elastrain.executor._private.errors import (
         ExecutorError,
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from elastrain.executor._private.executor import RayExecutor
     from elastrain.executor._private.node import NodeInfo
     from elastrain.executor._private.placement import WorkerPlacement
+    from elastrain.executor._private.raylet_watch import watch_raylet
     from elastrain.executor._private.settings import ExecutorSettings
     from elastrain.executor._private.torch_group import init_process_group
 
@@ -31,6 +33,7 @@ _LAZY = {
     "Backend": "elastrain.executor._private.backends.base",
     "WorkerGroup": "elastrain.executor._private.backends.base",
     "register_backend": "elastrain.executor._private.backends.base",
+    "check_can_place": "elastrain.executor._private.capacity",
     "WorkerContext": "elastrain.executor._private.context",
     "context": "elastrain.executor._private.context",
     "send": "elastrain.executor._private.context",
@@ -42,6 +45,7 @@ _LAZY = {
     "RayExecutor": "elastrain.executor._private.executor",
     "NodeInfo": "elastrain.executor._private.node",
     "WorkerPlacement": "elastrain.executor._private.placement",
+    "watch_raylet": "elastrain.executor._private.raylet_watch",
     "ExecutorSettings": "elastrain.executor._private.settings",
     "init_process_group": "elastrain.executor._private.torch_group",
 }
@@ -69,6 +73,7 @@ __all__ = [
     "WorkerContext",
     "send",
     "init_process_group",
+    "watch_raylet",
     # errors
     "ExecutorError",
     "WorkerError",
@@ -81,5 +86,6 @@ __all__ = [
     "WorkerPlacement",
     "NodeInfo",
     "register_backend",
+    "check_can_place",
     "__version__",
 ]

@@ -6,6 +6,8 @@ executor. The object is built on the driver and shipped to the workers: each wor
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import os
 import pickle
@@ -65,6 +67,7 @@ class StatePersistence:
         self._idle.set()
         self._last_error: BaseException | None = None
         self._refused = 0  # saves refused in a row as older than what is committed
+        self._prefetched: concurrent.futures.Future[tuple[str, Any, int] | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"uri": self.uri, "every": self.every, "_store_options": self._store_options}
@@ -107,11 +110,41 @@ class StatePersistence:
         if dropped is not None:
             logger.info("Dropped the queued copy of commit %d: this worker is rank %d now.", dropped[1], rank)
 
+    def prefetch(self) -> None:
+        """Start loading the latest persisted state in the background, so that a job that will resume from it
+        (every worker of a restarted job) overlaps the download with building its model; :meth:`load` of that
+        checkpoint then takes the loaded copy. Call it early in the worker, before the first sync."""
+        with self._lock:
+            if self._prefetched is not None:
+                return
+            future = self._prefetched = concurrent.futures.Future()
+        threading.Thread(target=self._prefetch, args=(future,), name="elastrain-prefetch", daemon=True).start()
+
+    def _prefetch(self, future: concurrent.futures.Future[tuple[str, Any, int] | None]) -> None:
+        try:
+            name = self.latest()
+            future.set_result(None if name is None else (name, *self._load(name)))
+        except BaseException as error:  # load() reads afresh, and reports its own error, when the state asks
+            future.set_exception(error)
+
     def latest(self) -> str | None:
         checkpoint = self.store.latest()
         return None if checkpoint is None else checkpoint.name
 
     def load(self, name: str) -> tuple[Any, int]:
+        prefetched = self._prefetched
+        if prefetched is not None:
+            loaded = None
+            with contextlib.suppress(Exception):  # a failed prefetch: read again below
+                loaded = prefetched.result(timeout=self._store_options["timeout_s"])
+            with self._lock:  # used once: the copy is not kept in memory for the rest of the job
+                self._prefetched = concurrent.futures.Future()
+                self._prefetched.set_result(None)
+            if loaded is not None and loaded[0] == name:
+                return loaded[1], loaded[2]
+        return self._load(name)
+
+    def _load(self, name: str) -> tuple[Any, int]:
         with tempfile.TemporaryDirectory(prefix="elastrain-persist-") as scratch:
             target = os.path.join(scratch, "state")
             checkpoint = self.store.restore(name, local_dir=target, fallback=True)

@@ -55,3 +55,17 @@ def _visit(folder: str, prefix: str, ancestors: set[tuple[int, int]], found: lis
 
 def _identity(info: os.stat_result) -> tuple[int, int]:
     return info.st_dev, info.st_ino
+
+
+def download_targets(base: str, found: list[str], local_dir: str) -> list[tuple[str, str]]:
+    """(object, local path) for each object under ``base``; a key that would land outside ``local_dir`` is
+    refused (a crafted ``../`` key)."""
+    pairs = []
+    root = os.path.realpath(local_dir)
+    for path in found:
+        target = os.path.realpath(os.path.join(local_dir, *path[len(base) + 1 :].split("/")))
+        if not target.startswith(root + os.sep):
+            raise ValueError(f"Refusing to download {path!r}: its key points outside the target folder.")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pairs.append((path, target))
+    return pairs

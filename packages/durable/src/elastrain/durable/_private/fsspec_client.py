@@ -15,20 +15,20 @@ import functools
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
 
 from elastrain.durable._private import local_transfer as local
 from elastrain.durable._private.checkpoint import FileEntry
 from elastrain.durable._private.errors import StorageError, StorageTimeoutError
-from elastrain.durable._private.files import walk_files
+from elastrain.durable._private.files import download_targets, walk_files
 from elastrain.durable._private.s3_transfer import MIN_PART_SIZE, S3Transfer, gather_bounded, is_s3
-from elastrain.durable._private.sync_client import SyncClient
+from elastrain.durable._private.sync_client import DescribedTransfers
 
 T = TypeVar("T")
 _MIB = 1 << 20
 
 
-class FsspecSyncClient(SyncClient):
+class FsspecSyncClient(DescribedTransfers):
     """Moves checkpoints with an fsspec filesystem (``filesystem=None``: the local disk).
 
     ``max_concurrency`` files move at once on async filesystems. On S3, files of ``2 * part_size`` bytes or
@@ -116,7 +116,7 @@ class FsspecSyncClient(SyncClient):
                 fs.invalidate_cache(base)
                 found = await fs._find(base)
                 calls: list[Callable[[], Coroutine[Any, Any, Any]]] = [
-                    functools.partial(fs._get_file, src, dst) for src, dst in _targets(base, found, local_dir)
+                    functools.partial(fs._get_file, src, dst) for src, dst in download_targets(base, found, local_dir)
                 ]
                 await gather_bounded(calls, self.max_concurrency)
 
@@ -125,7 +125,7 @@ class FsspecSyncClient(SyncClient):
 
             def fetch_blocking() -> None:
                 fs.invalidate_cache(base)
-                for src, dst in _targets(base, fs.find(base), local_dir):
+                for src, dst in download_targets(base, fs.find(base), local_dir):
                     fs.get_file(src, dst)
 
             local.run_with_deadline(fetch_blocking, timeout_s, f"downloading {uri}")
@@ -148,7 +148,7 @@ class FsspecSyncClient(SyncClient):
         async def fetch() -> list[FileEntry]:
             fs.invalidate_cache(base)
             found = await fs._find(base, detail=True)
-            targets = _targets(base, list(found), local_dir)
+            targets = download_targets(base, list(found), local_dir)
             files = [(path, int(found[path]["size"]), target) for path, target in targets]
             described = await self._s3().download_tree(files)
             return [
@@ -326,20 +326,6 @@ async def _remove_folder_entries(fs: Any, base: str, files: list[str]) -> None:
             await fs._call_s3("delete_object", Bucket=bucket, Key=key + "/")
 
 
-def _targets(base: str, found: list[str], local_dir: str) -> list[tuple[str, str]]:
-    """(object, local path) for each object under ``base``; a key that would land outside ``local_dir`` is
-    refused (a crafted ``../`` key)."""
-    pairs = []
-    root = os.path.realpath(local_dir)
-    for path in found:
-        target = os.path.realpath(os.path.join(local_dir, *path[len(base) + 1 :].split("/")))
-        if not target.startswith(root + os.sep):
-            raise ValueError(f"Refusing to download {path!r}: its key points outside the target folder.")
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        pairs.append((path, target))
-    return pairs
-
-
 def _local(uri: str) -> str:
     for prefix in ("file://", "local://"):
         if uri.startswith(prefix):
@@ -350,10 +336,3 @@ def _local(uri: str) -> str:
 def _read_local(path: str) -> bytes:
     with open(path, "rb") as reader:
         return reader.read()
-
-
-def transfers_described(client: SyncClient, operation: str) -> TypeGuard[FsspecSyncClient]:
-    """Whether ``client`` is the default one for ``operation`` (a subclass that overrides it is used as is)."""
-    return isinstance(client, FsspecSyncClient) and getattr(type(client), operation) is getattr(
-        FsspecSyncClient, operation
-    )

@@ -65,7 +65,7 @@ def copy_tree(source_dir: str, target_dir: str, abandoned: threading.Event) -> l
     pairs = walk_files(source_dir)
     partial = f"{target_dir.rstrip(os.sep)}{PARTIAL_SUFFIX}{uuid.uuid4().hex[:8]}"
     try:
-        results = _map_daemon(
+        results = map_daemon(
             lambda pair: copy_file(pair[0], os.path.join(partial, pair[1]), abandoned), pairs, abandoned
         )
         os.makedirs(partial, exist_ok=True)
@@ -135,9 +135,11 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
-def _map_daemon(fn: Callable[[Any], T], items: list[Any], abandoned: threading.Event) -> list[T]:
-    """``[fn(item) ...]`` on up to four daemon threads (a pool's threads would be joined at exit, and one stuck
-    on a hung mount would then hold the process); the first error is raised once all have stopped."""
+def map_daemon(
+    fn: Callable[[Any], T], items: list[Any], abandoned: threading.Event, max_threads: int = _COPY_THREADS
+) -> list[T]:
+    """``[fn(item) ...]`` on up to ``max_threads`` daemon threads (a pool's threads would be joined at exit, and one
+    stuck on a hung mount would then hold the process); the first error is raised once all have stopped."""
     if len(items) <= 1:
         return [fn(item) for item in items]
     results: list[Any] = [None] * len(items)
@@ -157,7 +159,7 @@ def _map_daemon(fn: Callable[[Any], T], items: list[Any], abandoned: threading.E
             except BaseException as error:
                 errors.append(error)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(_COPY_THREADS, len(items)))]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(max_threads, len(items)))]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from elastrain.durable._private import checkpoint as ckpt
 from elastrain.durable._private.checkpoint import Checkpoint
 from elastrain.durable._private.errors import CheckpointCorruptedError, CheckpointNotFoundError, StorageError
-from elastrain.durable._private.fsspec_client import transfers_described
 from elastrain.durable._private.staging import verify_folder
+from elastrain.durable._private.sync_client import transfers_described
 
 if TYPE_CHECKING:
     from elastrain.durable._private.store import CheckpointStore

@@ -7,7 +7,9 @@ import posixpath
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from typing import TypeGuard
 
+from elastrain.durable._private.checkpoint import FileEntry
 from elastrain.durable._private.errors import StorageTimeoutError
 
 
@@ -79,6 +81,25 @@ class SyncClient(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional for subclasses
         """Release connections (called by ``CheckpointStore.close``)."""
+
+
+class DescribedTransfers(SyncClient):
+    """The package's own clients: their upload and download take each file's size and SHA-256 from the very
+    bytes they move, so the store needs no second read and a file rewritten meanwhile cannot slip through."""
+
+    @abstractmethod
+    def _upload_described(self, local_dir: str, uri: str, *, timeout_s: float) -> list[FileEntry] | None:
+        """Upload and describe the bytes sent; None (nothing done) where this client cannot tell them."""
+
+    @abstractmethod
+    def _download_described(self, uri: str, local_dir: str, *, timeout_s: float) -> list[FileEntry] | None:
+        """Download and describe the bytes received; None (nothing done) where this client cannot tell them."""
+
+
+def transfers_described(client: SyncClient, operation: str) -> TypeGuard[DescribedTransfers]:
+    """Whether ``client`` moves ``operation``'s bytes itself (a user's subclass that overrides it is used as is)."""
+    method = getattr(type(client), operation)
+    return isinstance(client, DescribedTransfers) and method.__module__.startswith("elastrain.durable._private.")
 
 
 def _split(uri: str) -> tuple[str, str]:

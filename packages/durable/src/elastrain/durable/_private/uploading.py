@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from elastrain.durable._private.checkpoint import FileEntry
-from elastrain.durable._private.fsspec_client import transfers_described
 from elastrain.durable._private.staging import StagingMode, check_unchanged, describe, stamps
+from elastrain.durable._private.sync_client import transfers_described
 
 if TYPE_CHECKING:
     from elastrain.durable._private.store import CheckpointStore

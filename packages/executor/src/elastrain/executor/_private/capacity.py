@@ -101,3 +101,69 @@ def _autoscaler_maxima() -> dict[str, float] | None:
     except Exception:  # a private Ray API: when it moves, fall back to the other signs
         return None
     return {name: float(amount) for name, amount in maxima.items()} if maxima else None
+
+
+def check_can_place(bundles: list[dict[str, float]], strategy: str = "PACK", *, what: str = "This request") -> None:
+    """Raise :class:`~elastrain.executor.PlacementError` when the cluster can never grant a placement group of
+    ``bundles`` with ``strategy`` (the rule above decides whether the cluster may grow; if it may, pass).
+
+    Bundles may differ (a driver's bundle and its workers'): they are fitted largest first onto the nodes, each
+    on a node of its own for ``STRICT_SPREAD`` and all on one node for ``STRICT_PACK``.
+    """
+    from elastrain.executor._private.errors import PlacementError
+
+    if strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+        raise ValueError(f"strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, got {strategy!r}.")
+    capacity = cluster_capacity()
+    if capacity is None or not bundles:
+        return
+    asked = _sum([dict(b) for b in bundles])
+    short = [name for name, amount in asked.items() if _fixed(amount) > _fixed(capacity.totals.get(name, 0.0))]
+    if not short and capacity.nodes is not None and not _fits_on_nodes(bundles, list(capacity.nodes), strategy):
+        short = ["room on the nodes"]
+    if not short:
+        return
+    raise PlacementError(
+        f"{what} asks for {len(bundles)} bundles ({_list(bundles)}, strategy {strategy}) but the cluster can never "
+        f"hold them: it has {_describe(capacity.totals, sorted(asked))} in total ({capacity.source}), "
+        f"short of {', '.join(short)}. "
+        "Ask for fewer workers or resources, use a less strict strategy, or add nodes "
+        f"(if nodes will join, set {CAN_GROW_ENV}=1 to wait for them)."
+    )
+
+
+def _fits_on_nodes(bundles: list[dict[str, float]], nodes: list[dict[str, float]], strategy: str) -> bool:
+    free = [{name: _fixed(amount) for name, amount in node.items()} for node in nodes]
+    wanted = sorted(
+        ({name: _fixed(amount) for name, amount in bundle.items() if amount > 0} for bundle in bundles),
+        key=lambda bundle: sorted(bundle.values(), reverse=True),
+        reverse=True,
+    )
+    if strategy == "STRICT_PACK":
+        total = _sum([{k: float(v) for k, v in b.items()} for b in wanted])
+        return any(all(node.get(k, 0) >= v for k, v in total.items()) for node in free)
+    used: set[int] = set()
+    for bundle in wanted:
+        for index, node in enumerate(free):
+            if strategy == "STRICT_SPREAD" and index in used:
+                continue
+            if all(node.get(name, 0) >= amount for name, amount in bundle.items()):
+                for name, amount in bundle.items():
+                    node[name] -= amount
+                used.add(index)
+                break
+        else:
+            return False
+    return True
+
+
+def _list(bundles: list[dict[str, float]]) -> str:
+    shapes: dict[str, int] = {}
+    for bundle in bundles:
+        shape = "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(bundle.items())) + "}"
+        shapes[shape] = shapes.get(shape, 0) + 1
+    return ", ".join(f"{count} × {shape}" for shape, count in shapes.items())
+
+
+def _describe(resources: dict[str, float], names: list[str]) -> str:
+    return ", ".join(f"{resources.get(name, 0.0):g} {name}" for name in names)

@@ -41,6 +41,10 @@ class Worker:
             gpu_ids=tuple(str(gpu) for gpu in ray.get_gpu_ids()),
         )
 
+    def alive(self) -> bool:
+        """Answers from the actor's "control" thread (elastic workers), even while the job's function runs."""
+        return True
+
     def prepare(self) -> NodeInfo:
         """Elastic workers: import torch before joining, so a new worker never holds up a running group.
 

@@ -80,6 +80,14 @@ class Coordinator:
             missing = (world.generation, now - self._published_at, absent)
         return CoordinatorReport(failures, silent, missing)
 
+    async def failure_reported(self, timeout_s: float) -> bool:
+        """Whether a failure waits for the driver's next poll: answers as soon as one is reported, else after
+        ``timeout_s``. The driver keeps one such call pending, so it acts on a failed group at once."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._failures)), timeout_s)
+            return bool(self._failures)
+
     async def forget(self, worker_ids: list[str]) -> None:
         """Stop watching workers that are gone (their beats would otherwise read as silence)."""
         for worker_id in worker_ids:
@@ -163,7 +171,9 @@ class Coordinator:
     async def report_failure(self, worker_id: str, generation: int, reason: str) -> None:
         """A worker saw its group fail. A peer's death also reaches the driver through Ray; a failure without
         one (a formation that timed out, a collective that hung) reaches it only through this."""
-        self._failures.append((worker_id, generation, reason))
+        async with self._changed:
+            self._failures.append((worker_id, generation, reason))
+            self._changed.notify_all()
 
     def _driver_silent(self) -> float:
         return time.monotonic() - self._driver_seen

@@ -21,7 +21,7 @@ from elastrain.discovery import AllHostsBlacklistedError, HostChange, HostEvent,
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
 from elastrain.executor._private.elastic.group import ElasticOptions, first_line
 from elastrain.executor._private.elastic.policy import WAITING_NOTICE_S, ElasticJobError, FailurePolicy
-from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
+from elastrain.executor._private.elastic.pool import BundleDiscovery, Phase, PoolWorker, WorkerPool
 from elastrain.executor._private.elastic.spares import Spares
 from elastrain.executor._private.elastic.world import World, make_world
 from elastrain.executor._private.errors import worker_actor_died, worker_error
@@ -34,9 +34,17 @@ __all__ = ["ElasticDriver", "ElasticJobError", "ElasticStats"]
 
 _POLL_S = 0.05
 # How often the driver asks the rendezvous actor for failures, silent workers and arrivals (its lease, too).
+# A reported failure wakes it at once (a pending ``failure_reported`` call, renewed every _FAILURE_WATCH_S).
 _COORDINATOR_POLL_S = 0.1
-# How long a failure report waits for a death notice that may explain it.
-_DEATH_NOTICE_S = 0.2
+_FAILURE_WATCH_S = 5.0
+# How long a member may take to answer the roll call after its group failed (its control thread answers in
+# milliseconds; a worker lost with its node never does): _ROLL_CALL_FACTOR times as long as the slowest member
+# that reported the failure took to answer the same call, within these bounds.
+_ROLL_CALL_S = 0.3
+_ROLL_CALL_MIN_S = 0.1
+_ROLL_CALL_FACTOR = 10.0
+# The actor concurrency group the roll call is answered in.
+CONTROL_GROUP = "control"
 
 
 @dataclass
@@ -71,6 +79,7 @@ class ElasticDriver:
         startup_grace_s: float = 30.0,
         spare_worker: bool = False,
         watch: RunWatch | None = None,
+        bundles: BundleDiscovery | None = None,
     ) -> None:
         self.options = options
         self.manager = manager
@@ -78,7 +87,7 @@ class ElasticDriver:
         self.sink = sink
         self.elastic_options = elastic_options
         self.stats = ElasticStats()
-        self.pool = WorkerPool(options, worker_class)
+        self.pool = WorkerPool(options, worker_class, bundles)
         self.policy = FailurePolicy(
             options,
             manager,
@@ -96,6 +105,7 @@ class ElasticDriver:
         self._members_by_generation: dict[int, set[str]] = {}
         self._finishing: int | None = None  # the generation in which the first worker finished
         self._next_coordinator_poll = 0.0
+        self._failure_watch: Any = None  # a pending coordinator.failure_reported call
         self._host_events: queue.SimpleQueue[list[HostEvent]] = queue.SimpleQueue()
         self._stop_reason: str | None = None
         self._stopped = threading.Event()
@@ -164,7 +174,7 @@ class ElasticDriver:
                 raise ElasticJobError(f"The elastic job was stopped: {self._stop_reason}.")
             refs = {w.prepare_ref: w for w in self.pool if w.node is None}
             refs.update({w.run_ref: w for w in self.pool if w.run_ref is not None})
-            ready = ray.wait(list(refs), num_returns=len(refs), timeout=_POLL_S)[0] if refs else []
+            ready = self._wait_for_events(ray, list(refs))
             gained = lost = False
             for ref in ready:
                 worker = refs[ref]
@@ -190,6 +200,21 @@ class ElasticDriver:
             # more, so that several newcomers join in one reset rather than one reset each.
             if broken or changed or ((gained or self._unpublished_ready()) and not self._starting_recently()):
                 self._publish(force=failed, after_failure=broken)
+
+    def _wait_for_events(self, ray: Any, refs: list[Any]) -> list[Any]:
+        """Up to _POLL_S for a worker's call to end or a failure to be reported; the worker calls that ended.
+        A reported failure makes the coordinator's next poll happen now."""
+        if self._failure_watch is None:
+            self._failure_watch = self.coordinator.failure_reported.remote(_FAILURE_WATCH_S)
+        watched = [*refs, self._failure_watch]
+        ready = ray.wait(watched, num_returns=1, timeout=_POLL_S)[0]
+        if ready:
+            ready = ray.wait(watched, num_returns=len(watched), timeout=0)[0]
+        if self._failure_watch in ready:
+            self._failure_watch = None
+            self._next_coordinator_poll = 0.0
+        waited = set(refs)
+        return [ref for ref in ready if ref in waited]
 
     def _finished_results(self, finished: list[_Finish]) -> list[Any] | None:
         """Once a worker finished in generation g, nothing new starts, and the call ends when every member of g
@@ -361,20 +386,61 @@ class ElasticDriver:
                     )
                     self.pool.stop(failed_worker, unresponsive=True)
             return False, False
-        if current and self._death_on_its_way(ray):
-            return False, bool(evictions)  # the next round forms the group without the dead worker, once
+        if current:
+            death_on_its_way, gone, waited_s = self._roll_call(ray, {worker_id for worker_id, _, _ in current})
+            if death_on_its_way:
+                return False, bool(evictions)  # the next round forms the group without the dead worker, once
+            for worker in gone:
+                self._lost(worker, f"did not answer within {waited_s:.2f} s after its group failed (its node lost?)")
         if current:
             logger.warning("Group %s failed (%s); forming a new one.", self._world.generation, current[0][2])  # type: ignore[union-attr]
         return bool(current), bool(evictions)
 
-    def _death_on_its_way(self, ray: Any) -> bool:
-        """Whether a member's call ended (say, it died) just as its peers reported the failure.
+    def _roll_call(self, ray: Any, reporters: set[str]) -> tuple[bool, list[PoolWorker], float]:
+        """After members reported their group failed: ``(death_on_its_way, gone, seconds waited)``.
 
         Survivors often report a failed collective before Ray tells the driver that a peer died; re-forming the
-        same members then would cost a reset and a rendezvous with a dead worker.
+        same members would then cost a reset and a rendezvous with a dead worker. A worker that exited is known
+        to Ray at once (its call ends): ``death_on_its_way``. A worker lost with its node is known to Ray only
+        seconds later, so every member is asked whether it lives (its actor's control thread answers even
+        mid-collective). The reporters' answers tell how long a live member takes right now; the others that do
+        not answer within _ROLL_CALL_FACTOR times that (bounded by _ROLL_CALL_MIN_S and _ROLL_CALL_S) are
+        ``gone``.
         """
-        refs = [w.run_ref for w in self.pool.in_phase(Phase.MEMBER) if w.run_ref is not None]
-        return bool(refs) and bool(ray.wait(refs, num_returns=1, timeout=_DEATH_NOTICE_S)[0])
+        members = self.pool.in_phase(Phase.MEMBER)
+        calls = {w.run_ref: w for w in members if w.run_ref is not None}
+        if all(w.worker_id in reporters for w in members):
+            return False, [], 0.0
+        asked_at = time.monotonic()
+        pings = {w.actor.alive.options(concurrency_group=CONTROL_GROUP).remote(): w for w in members}
+        deadline = asked_at + _ROLL_CALL_S
+        answered: set[str] = set()
+        while True:
+            waiting = [ref for ref in pings if pings[ref].worker_id not in answered]
+            if all(pings[ref].worker_id in reporters for ref in waiting):
+                return False, [], 0.0
+            ready = ray.wait(list(calls) + waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))[0]
+            if not ready:
+                gone = [pings[ref] for ref in waiting if pings[ref].worker_id not in reporters]
+                return False, gone, time.monotonic() - asked_at
+            if ready[0] in calls:
+                return True, [], 0.0
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError:
+                return True, [], 0.0  # Ray knows it is dead: its call ends too
+            worker_id = pings[ready[0]].worker_id
+            answered.add(worker_id)
+            if worker_id in reporters:
+                took = time.monotonic() - asked_at
+                deadline = min(deadline, asked_at + max(_ROLL_CALL_MIN_S, _ROLL_CALL_FACTOR * took))
+
+    def _lost(self, worker: PoolWorker, reason: str) -> None:
+        """A member that is dead to the job although Ray does not know yet: counted as a death, not an eviction."""
+        logger.warning("Worker %s on host %s is gone: %s.", worker.worker_id, worker.host_id, reason)
+        self.policy.worker_died(worker, reason)
+        self._exited(worker, "CRASHED", reason)
+        self.pool.stop(worker, unresponsive=True)
 
     def _publish(self, force: bool = False, after_failure: bool = False) -> None:
         """Publish the running workers as a new group (``force``: even when they are the current group's)."""

@@ -22,6 +22,7 @@ from elastrain.executor._private.elastic.collectives import collective_device
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
 from elastrain.executor._private.elastic.heartbeat import Heartbeat
 from elastrain.executor._private.elastic.world import Member, World
+from elastrain.executor._private.raylet_watch import watch_raylet
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -103,6 +104,7 @@ class Runtime:
         """Start beating and set the collective backends' environment (before any group exists)."""
         _set_backend_environment(self.options)
         self._heartbeat = Heartbeat(self.coordinator, self.worker_id, self.options.liveness_timeout_s).start()
+        watch_raylet()
         return self
 
     def add_group_user(self, user: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import functools
@@ -13,13 +14,21 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from elastrain.executor._private.node import NodeInfo
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import pin_to_host
 
 logger = logging.getLogger("elastrain.executor")
+
+
+class BundleDiscovery(Protocol):
+    """What the pool needs of ``elastrain.discovery.PlacementGroupHostDiscovery``."""
+
+    placement_group: Any
+
+    def bundles_on(self, host_id: str) -> dict[int, int]: ...
 
 
 class Phase(enum.Enum):
@@ -41,6 +50,7 @@ class PoolWorker:
     node: NodeInfo | None = None  # where it runs, once prepare() answered
     run_ref: Any = None  # its run_elastic call, once started
     spawned_at: float = field(default_factory=time.monotonic)
+    bundle: int | None = None  # its placement group bundle, when the job runs in one
 
     @property
     def joined(self) -> bool:
@@ -54,9 +64,13 @@ class PoolWorker:
 
 
 class WorkerPool:
-    def __init__(self, options: ExecutorOptions, worker_class: Any) -> None:
+    """Starts and stops the workers of one call: pinned to a host's node, or, when the job runs in a placement
+    group (``bundles``), to a bundle of that group placed on the host."""
+
+    def __init__(self, options: ExecutorOptions, worker_class: Any, bundles: BundleDiscovery | None = None) -> None:
         self.options = options
         self.worker_class = worker_class
+        self.bundles = bundles
         self._ids = itertools.count()
         self._workers: dict[str, PoolWorker] = {}
         self._retired: list[Any] = []  # handles of workers no longer tracked, killed when the call ends
@@ -76,9 +90,25 @@ class WorkerPool:
         return [w for w in self if w.phase in phases]
 
     def spawn(self, host_id: str) -> PoolWorker:
-        worker = self._start(host_id, Phase.STARTING, **pin_to_host(host_id))
+        if self.bundles is None:
+            worker = self._start(host_id, Phase.STARTING, **pin_to_host(host_id))
+        else:
+            bundle = self._free_bundle(self.bundles, host_id)
+            worker = self._start(host_id, Phase.STARTING, **_in_bundle(self.bundles, bundle))
+            worker.bundle = bundle
         logger.info("Starting worker %s on host %s.", worker.worker_id, host_id)
         return worker
+
+    def _free_bundle(self, bundles: BundleDiscovery, host_id: str) -> int:
+        """The bundle on ``host_id`` with the most room left; the driver never asks for more workers on a host than
+        its bundles hold, so one with room exists unless a stopped worker still holds its place (then Ray starts
+        the new one as soon as the old one's resources are freed)."""
+        on_host = bundles.bundles_on(host_id)
+        if not on_host:
+            raise RuntimeError(f"No bundle of the job's placement group is on host {host_id} any more.")
+        holding = (Phase.STARTING, Phase.READY, Phase.MEMBER, Phase.LEAVING)  # a leaving worker holds its place
+        taken = collections.Counter(w.bundle for w in self.in_phase(*holding) if w.bundle is not None)
+        return max(sorted(on_host), key=lambda index: on_host[index] - taken[index])
 
     def spawn_spare(self) -> PoolWorker:
         worker = self._start("", Phase.SPARE)
@@ -137,6 +167,17 @@ class WorkerPool:
         with self._lock:
             self._workers[worker.worker_id] = worker
         return worker
+
+
+def _in_bundle(bundles: BundleDiscovery, bundle: int) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=bundles.placement_group,
+        placement_group_bundle_index=bundle,
+        placement_group_capture_child_tasks=False,
+    )
+    return {"scheduling_strategy": strategy}
 
 
 def _kill_on_node(node_id: str, pid: int) -> None:

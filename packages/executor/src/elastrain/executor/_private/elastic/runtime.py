@@ -112,6 +112,9 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     runtime.report_failure(interrupt)
             except Exception as error:
                 if not is_collective_failure(error):
+                    # The job fails: what was committed before the error still reaches the store, so that a
+                    # restarted job resumes from it.
+                    _flush_persistence(state)
                     raise
                 runtime.report_failure(error)
                 state.restore()
@@ -123,7 +126,8 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
 
 
 def _flush_persistence(state: State) -> None:
-    """Rank 0 waits for the persisted state's upload in flight; a failure there no longer fails the job."""
+    """Rank 0 waits for the persisted state's upload in flight (bounded by the store's own deadlines); a failure
+    there no longer fails the job."""
     persistence = getattr(getattr(state, "_book", None), "persistence", None)
     if persistence is None or rank() != 0:
         return

@@ -6,10 +6,11 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from elastrain.discovery import HostDiscovery, HostManager, RayHostDiscovery
+from elastrain.discovery import HostDiscovery, HostManager, PlacementGroupHostDiscovery, RayHostDiscovery
 from elastrain.executor._private.elastic.coordinator import Coordinator
-from elastrain.executor._private.elastic.driver import ElasticDriver, ElasticStats
+from elastrain.executor._private.elastic.driver import CONTROL_GROUP, ElasticDriver, ElasticStats
 from elastrain.executor._private.elastic.group import ElasticOptions
+from elastrain.executor._private.errors import PlacementError
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.observers import RunWatch, run_name, run_record
 from elastrain.executor._private.options import ExecutorOptions
@@ -25,6 +26,28 @@ _SHUTDOWN_WAIT_S = 10.0
 
 def discovery_for(options: ExecutorOptions, settings: ExecutorSettings) -> HostDiscovery:
     if options.override_discovery:
+        group = _current_placement_group(options)
+        if group is not None:  # every bundle that holds a worker is the job's (pass a discovery to leave some out)
+            discovery = PlacementGroupHostDiscovery(
+                group,
+                use_gpu=options.use_gpu,
+                cpus_per_worker=options.cpus_per_worker,
+                gpus_per_worker=options.gpus_per_worker or 1,
+            )
+            if not discovery.bundle_slots:
+                gpus = f", {options.gpus_per_worker:g} GPU" if options.use_gpu else ""
+                raise PlacementError(
+                    f"This elastic job runs in a placement group whose bundles ({group.bundle_specs}) hold no worker "
+                    f"of {options.cpus_per_worker:g} CPU{gpus}; give the group bundles the size of a worker "
+                    "(elastrain.tune.trial_resources does), or pass use_current_placement_group=False to place the "
+                    "workers outside it."
+                )
+            if discovery.total_slots < options.num_workers:
+                raise PlacementError(
+                    f"This elastic job runs in a placement group that holds {discovery.total_slots} workers, below "
+                    f"min_workers={options.num_workers}; lower min_workers or give the group more worker bundles."
+                )
+            return discovery
         return RayHostDiscovery(
             use_gpu=options.use_gpu,
             cpus_per_worker=options.cpus_per_worker,
@@ -38,6 +61,15 @@ def discovery_for(options: ExecutorOptions, settings: ExecutorSettings) -> HostD
     return settings.discovery
 
 
+def _current_placement_group(options: ExecutorOptions) -> Any:
+    """The placement group this process runs in, if the job should use it."""
+    if not options.use_current_placement_group:
+        return None
+    from ray.util.placement_group import get_current_placement_group
+
+    return get_current_placement_group()
+
+
 class ElasticSession:
     def __init__(
         self, options: ExecutorOptions, settings: ExecutorSettings, env_vars: dict[str, str] | None = None
@@ -46,17 +78,24 @@ class ElasticSession:
 
         self.options = options
         self.settings = settings
+        discovery = discovery_for(options, settings)
+        # In a placement group, workers go into its bundles, and there is no spare: a lost bundle is placed again
+        # by Ray, and the next poll sees it.
+        self.bundles = discovery if isinstance(discovery, PlacementGroupHostDiscovery) else None
         self.manager = HostManager(
-            discovery_for(options, settings),
+            discovery,
             poll_interval_s=settings.discovery_interval_s,
             cooldown_range=options.cooldown_range,
         ).start()
         self.coordinator: Any = ray.remote(Coordinator).options(**control_actor_options()).remote()
         self.sink: Any = ray.remote(MessageSink).options(**control_actor_options()).remote()
         # start(extra_env_vars=...) reaches every worker, replacements and spares included, as class defaults.
-        self.worker_class: Any = (
-            ray.remote(runtime_env={"env_vars": env_vars})(Worker) if env_vars else ray.remote(Worker)
-        )
+        # A "control" thread answers the driver's roll call while the job's function runs in the default one.
+        decorate: Any = ray.remote
+        actor_options: dict[str, Any] = {"concurrency_groups": {CONTROL_GROUP: 1}}
+        if env_vars:
+            actor_options["runtime_env"] = {"env_vars": env_vars}
+        self.worker_class: Any = decorate(**actor_options)(Worker)
         self.calls = 0
         self.driver: ElasticDriver | None = None  # the running call's driver
         self.last_stats: ElasticStats | None = None
@@ -93,7 +132,8 @@ class ElasticSession:
                 nics=self.settings.nics,
             ),
             startup_grace_s=self.settings.timeout_s,
-            spare_worker=self.settings.spare_worker and self.options.override_discovery,
+            spare_worker=self.settings.spare_worker and self.options.override_discovery and self.bundles is None,
+            bundles=self.bundles,
             watch=watch,
         )
         self.driver = driver

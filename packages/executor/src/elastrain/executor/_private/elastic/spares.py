@@ -32,6 +32,9 @@ class Spares:
         limit = self.options.max_workers
         if limit is None or count >= limit or not self.policy.spare_allowed():
             return
+        if any(w.node is None for w in self.pool.in_phase(Phase.STARTING)):
+            # A spare asked for now could take the CPUs that a worker still starting on a known host needs.
+            return
         if not self.pool.in_phase(Phase.SPARE):
             self.pool.spawn_spare()
 
