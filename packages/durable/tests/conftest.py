@@ -6,12 +6,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from elastrain.durable import CheckpointStore, StorageError
+from elastrain.durable import CheckpointNotFoundError, CheckpointStore, StorageError
 from elastrain_testutils.storage_servers import FakeGcs, MotoS3, SeaweedS3
 
 _buckets = itertools.count()
@@ -101,3 +101,30 @@ def assert_save_fails_within_its_deadline(store: CheckpointStore, tree: Path) ->
         future.result(60)
     assert time.monotonic() - started < 15
     store.close()
+
+
+def assert_an_uncommit_cut_short_is_finished(
+    remembering: CheckpointStore, new_store: Callable[[], CheckpointStore], tree: Path, tmp_path: Path
+) -> None:
+    """A collector killed between deleting a manifest and its folder (real folders keep the emptied one): no
+    store offers that checkpoint, one that read it before forgets it, and the next commit removes what is left."""
+    for step in range(3):
+        remembering.save(tree, step=step)
+    first = remembering.list()[0]  # read and remembered
+    root = remembering.location.root
+    client = remembering.client
+    client.delete(f"{root}/_manifests/{first.name}/MANIFEST.json", timeout_s=30)
+
+    with new_store() as fresh:
+        assert [c.step for c in fresh.list()] == [1, 2]
+    with pytest.raises(CheckpointNotFoundError, match="collected"):
+        remembering.restore(first.name, local_dir=tmp_path / "gone")
+    assert [c.step for c in remembering.list()] == [1, 2]
+    assert remembering.restore(local_dir=tmp_path / "latest").step == 2
+
+    remembering.save(tree, step=3)  # its collection finishes the one cut short
+    remembering.wait()
+    assert first.name not in client.list_names(f"{root}/_manifests", timeout_s=30)
+    assert first.name not in client.list_names(root, timeout_s=30)
+    with new_store() as fresh:
+        assert [c.step for c in fresh.list()] == [1, 2, 3]

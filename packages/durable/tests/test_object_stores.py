@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_save_fails_within_its_deadline, make_tree, new_bucket, silent_server, tree_contents
+from conftest import (
+    assert_an_uncommit_cut_short_is_finished,
+    assert_save_fails_within_its_deadline,
+    make_tree,
+    new_bucket,
+    silent_server,
+    tree_contents,
+)
 
 from elastrain.durable import ArrowSyncClient, CheckpointCorruptedError, CheckpointStore, StorageError
 from elastrain_testutils.storage_servers import ACCESS_KEY, SECRET_KEY, FakeGcs, MotoS3, SeaweedS3
@@ -49,6 +56,22 @@ def test_round_trip_through_pyarrow(s3_server: str, request: pytest.FixtureReque
     server: Server = request.getfixturevalue(s3_server)
     store = store_for(server, client="arrow", num_to_keep=2, score_attribute="loss", score_order="min")
     round_trip(store, server, tmp_path, tree)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "client"),
+    [("moto_s3", "fsspec"), ("seaweed_s3", "fsspec"), ("fake_gcs", "fsspec"), ("seaweed_s3", "arrow")],
+)
+def test_a_collection_cut_short_is_finished_later(
+    fixture: str, client: str, request: pytest.FixtureRequest, tmp_path: Path, tree: Path
+) -> None:
+    server: Server = request.getfixturevalue(fixture)
+    with store_for(server, client=client) as remembering:
+        uri = remembering.location.root
+        options = server.storage_options()
+        assert_an_uncommit_cut_short_is_finished(
+            remembering, lambda: CheckpointStore(uri, storage_options=options), tree, tmp_path
+        )
 
 
 def round_trip(store: CheckpointStore, server: Server, tmp_path: Path, tree: Path) -> None:

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import make_tree, tree_contents
+from conftest import assert_an_uncommit_cut_short_is_finished, make_tree, tree_contents
 
 from elastrain.durable import (
     Checkpoint,
@@ -98,6 +98,12 @@ def test_staging_by_link_or_move(tmp_path: Path, tree: Path, staging: str) -> No
         store.restore(local_dir=tmp_path / "out")
     assert tree_contents(tmp_path / "out") == expected
     assert tree.exists() == (staging == "link")
+
+
+def test_a_collection_cut_short_is_finished_later(tmp_path: Path, tree: Path) -> None:
+    root = tmp_path / "store"
+    with CheckpointStore(root) as remembering:
+        assert_an_uncommit_cut_short_is_finished(remembering, lambda: CheckpointStore(root), tree, tmp_path)
 
 
 def test_gc_without_score_keeps_exactly_the_newest(tmp_path: Path, tree: Path) -> None:

@@ -87,18 +87,31 @@ class Collector:
         manifests: set[str],
         markers: dict[str, str],
         root: list[str] | None,
+        uncommitted: set[str],
     ) -> None:
         """Delete ``doomed`` committed checkpoints (manifest first), then abandoned uploads: those whose marker
         is past its deadline, and ``failed`` (uploads of this store that failed; removed from the set once gone).
         ``manifests``: the names under ``_manifests`` (unreadable ones too: their files are never collected),
-        listed after ``markers`` and ``root`` (``list_markers``, ``list_root``).
+        listed after ``markers`` and ``root`` (``list_markers``, ``list_root``). ``uncommitted``: listed there
+        but holding no manifest, the folder of an uncommit cut short (its collector died between the two deletes);
+        one with an upload marker may be a commit being written, so only the others are finished off here.
         """
         abandoned = self._abandoned(manifests, markers, committed_sequence, root)
         failed.difference_update(manifests)  # committed after all (a late write): not this store's to collect
         abandoned += [name for name in sorted(failed) if name not in abandoned]
-        if not doomed and not abandoned and not (markers.keys() & manifests):
+        unfinished = uncommitted - markers.keys()
+        abandoned = [name for name in abandoned if name not in unfinished]
+        if not doomed and not abandoned and not unfinished and not (markers.keys() & manifests):
             return
         busy = self.readers.busy()
+        for name in sorted(unfinished - busy):
+            # Look again, marker first: a writer leaves its marker until its manifest is whole, so a folder with
+            # neither is not a commit being written (on a local path its folder exists just before its file).
+            if self._marked_now(name) or self._committed_now(name):
+                continue
+            self._delete(self.location.join(ckpt.MANIFEST_DIR, name))
+            self._delete_folder(name)
+            logger.info("Collected %s (an earlier collection of it was cut short).", self.location.display_join(name))
         for name in doomed:
             if name in busy:
                 continue  # a restore reads it: a later collection takes it
@@ -156,6 +169,14 @@ class Collector:
         uri = self.location.join(ckpt.MANIFEST_DIR, name, ckpt.MANIFEST_FILE)
         try:
             self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), "checking a manifest")
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _marked_now(self, name: str) -> bool:
+        uri = self._marker(name)
+        try:
+            self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), "checking an upload marker")
         except FileNotFoundError:
             return False
         return True

@@ -173,7 +173,8 @@ class FsspecSyncClient(DescribedTransfers):
                 found = await fs._find(base, withdirs=False)
                 if found:
                     await fs._rm(found)
-                    await _remove_folder_entries(fs, base, found)
+                # Even with no file under it: an emptied folder (a delete cut short) still lists on SeaweedFS.
+                await _remove_folder_entries(fs, base, found)
                 fs.invalidate_cache(base)
 
             self._run_async(remove, timeout_s, f"deleting {uri}")

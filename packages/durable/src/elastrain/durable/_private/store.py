@@ -389,12 +389,13 @@ class CheckpointStore:
             root = self._collector.list_root()
             markers = self._collector.list_markers()
             listed = self._list_names(self.location.join(ckpt.MANIFEST_DIR))
+            committed, absent = self._scan_manifests(listed)
             if self.num_to_keep is not None:
-                committed = self._committed(listed)
                 keep = ckpt.checkpoints_to_keep(committed, self.num_to_keep, self.score_attribute, self.score_order)
                 kept = {c.name for c in keep}
                 doomed = [c.name for c in committed if c.name not in kept]
-            self._collector.collect(doomed, committed_sequence, self._failed_uploads, set(listed), markers, root)
+            manifests = set(listed) - absent
+            self._collector.collect(doomed, committed_sequence, self._failed_uploads, manifests, markers, root, absent)
         except Exception as error:
             logger.warning("Garbage collection under %s failed: %s", self.location.display, self._redact(str(error)))
 
@@ -403,7 +404,14 @@ class CheckpointStore:
     def _committed(
         self, listed: builtins.list[str] | None = None, *, deadline: float | None = None
     ) -> builtins.list[Checkpoint]:
-        """Committed checkpoints, from ``listed`` (the names under ``_manifests``) or a fresh listing, oldest first.
+        """Committed checkpoints, from ``listed`` (the names under ``_manifests``) or a fresh listing, oldest first."""
+        return self._scan_manifests(listed, deadline=deadline)[0]
+
+    def _scan_manifests(
+        self, listed: builtins.list[str] | None = None, *, deadline: float | None = None
+    ) -> tuple[builtins.list[Checkpoint], set[str]]:
+        """The committed checkpoints, oldest first, and the listed names whose manifest is absent: the folder of an
+        uncommit cut short (stores with real folders, SeaweedFS or a local path, keep it once its file is gone).
 
         Manifests not seen before are read in batches (a new process may find hundreds), each batch under its own
         metadata deadline, and what a batch read is kept even if a later one fails.
@@ -414,6 +422,7 @@ class CheckpointStore:
         with self._manifest_lock:
             known = {name: self._manifests[name] for name in names if name in self._manifests}
         unknown = [name for name in names if name not in known]
+        absent: set[str] = set()
         for start in range(0, len(unknown), _MANIFEST_BATCH):
             uris = {self._manifest_uri(name): name for name in unknown[start : start + _MANIFEST_BATCH]}
             found = self._retry(
@@ -423,7 +432,10 @@ class CheckpointStore:
                 deadline=deadline,
             )
             for uri, data in found.items():
-                checkpoint = None if data is None else self._decode(data, uris[uri])
+                if data is None:
+                    absent.add(uris[uri])
+                    continue
+                checkpoint = self._decode(data, uris[uri])
                 if checkpoint is not None:
                     known[checkpoint.name] = checkpoint
                     with self._manifest_lock:
@@ -432,7 +444,7 @@ class CheckpointStore:
             self._manifests.update(known)
             for gone in set(self._manifests) - set(names):
                 self._manifests.pop(gone, None)
-        return sorted(known.values(), key=ckpt.order_key)
+        return sorted(known.values(), key=ckpt.order_key), absent
 
     def _read_manifest(self, name: str) -> Checkpoint | None:
         try:
@@ -442,7 +454,10 @@ class CheckpointStore:
                 timeout_s=_METADATA_TIMEOUT_S,
             )
         except FileNotFoundError:
-            return None  # collected between the listing and the read
+            # Collected since it was listed: forget it, or list() would go on offering it from what it read before.
+            with self._manifest_lock:
+                self._manifests.pop(name, None)
+            return None
         return self._decode(data, name)
 
     def _decode(self, data: bytes, name: str) -> Checkpoint | None:
