@@ -256,3 +256,42 @@ def test_snapshots_persisted_before_handlers_still_load() -> None:
     assert torch.equal(model.weight.detach(), old[0]["weight"])
     assert state.step == 7
     assert state.commit_count == 4
+
+
+def _huge_page_bytes_under(tensor: torch.Tensor) -> int:
+    """AnonHugePages of the mapping that holds the middle of ``tensor``, from /proc/self/smaps (advising splits
+    the allocation's mapping: its first, partial page stays apart)."""
+    address, found, inside = tensor.data_ptr() + tensor.nbytes // 2, 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                low, high = (int(part, 16) for part in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "AnonHugePages:":
+                found = int(line.split()[1]) * 1024
+    return found
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            return setting.read().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return "never"
+
+
+def test_a_first_commit_of_a_big_model_faults_in_huge_pages() -> None:
+    """A newcomer's committed copy is fresh memory: where the kernel allows huge pages, it gets them."""
+    model = torch.nn.Linear(2048, 2048)  # 16 MiB of weights
+    state = elastic.TorchState(model)  # takes the first committed copy
+    saved = state._book.handlers["model"].saved["weight"]
+    assert torch.equal(saved, model.weight.detach())
+    assert saved.data_ptr() != model.weight.data_ptr()
+    if _thp_mode() != "never":
+        with open("/proc/vmstat") as vmstat:
+            fallbacks = {k: int(v) for k, v in (line.split() for line in vmstat)}.get("thp_fault_fallback", 0)
+        # The kernel may have had no free huge page at hand (it then counts a fallback), never silently none.
+        assert _huge_page_bytes_under(saved) > 0 or fallbacks > 0
+    state.save()  # later commits copy into the same buffer
+    assert state._book.handlers["model"].saved["weight"].data_ptr() == saved.data_ptr()

@@ -37,7 +37,6 @@ from elastrain.executor._private.elastic.handlers import (
     get_handler_registry,
     set_handler_registry,
 )
-from elastrain.executor._private.elastic.policy import ElasticJobError
 from elastrain.executor._private.elastic.runtime import (
     HostsUpdatedInterrupt,
     InternalError,
@@ -45,6 +44,7 @@ from elastrain.executor._private.elastic.runtime import (
     run,
 )
 from elastrain.executor._private.elastic.state import ObjectState, State, TorchState
+from elastrain.executor._private.errors import ElasticJobError
 
 if TYPE_CHECKING:
     from elastrain.executor._private.elastic.ddp import DistributedDataParallel

@@ -11,6 +11,12 @@ class ExecutorError(RuntimeError):
     """Base class of the executor's own errors."""
 
 
+class ElasticJobError(ExecutorError):
+    """An elastic job could not go on: too few workers for too long, too many resets, or a worker raised."""
+
+    __module__ = "elastrain.executor.elastic"  # its public name in tracebacks and reprs
+
+
 class WorkerError(ExecutorError):
     """A worker's function raised. ``rank`` names the worker; ``remote_traceback`` is the worker's traceback (plain
     text), ``cause`` the exception it raised (None when the driver could not unpickle it), ``pid`` its process.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elastrain.executor._private.elastic.collectives import broadcast_object, broadcast_tensors
+from elastrain.executor._private.elastic.memory import cpu_copy, empty_cpu
 
 
 class StateHandler:
@@ -121,10 +122,13 @@ class OptimizerHandler(StateHandler):
                     continue
                 current = mine.get(key)
                 if not (isinstance(current, torch.Tensor) and spec.matches(current)):
-                    device = "cpu" if spec.on_cpu else params[index].device
-                    # zeros, not empty: touching fresh pages first is several times faster than faulting them
-                    # in while gloo receives into them
-                    current = torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=device)
+                    dtype = getattr(torch, spec.dtype)
+                    # Touched before the receive: faulting fresh pages in while gloo writes into them is several
+                    # times slower.
+                    if spec.on_cpu or params[index].device.type == "cpu":
+                        current = empty_cpu(spec.shape, dtype).zero_()
+                    else:
+                        current = torch.zeros(spec.shape, dtype=dtype, device=params[index].device)
                 state[index][key] = current
                 targets.append(current)
                 places.append((index, key))
@@ -236,7 +240,7 @@ def copy_into(saved: Any, live: Any) -> Any:
             and saved.device.type == "cpu"
         ):
             return saved.copy_(live.detach())
-        return live.detach().to("cpu", copy=True)
+        return cpu_copy(live)
     if isinstance(live, dict):
         previous = saved if isinstance(saved, dict) else {}
         return {key: copy_into(previous.get(key), item) for key, item in live.items()}

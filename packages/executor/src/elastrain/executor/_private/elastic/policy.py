@@ -8,7 +8,7 @@ import time
 from elastrain.discovery import HostManager
 from elastrain.executor._private.elastic.coordinator import CoordinatorReport
 from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
-from elastrain.executor._private.errors import ExecutorError
+from elastrain.executor._private.errors import ElasticJobError
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import node_alive
 
@@ -22,12 +22,6 @@ _SPARE_COOLDOWN_S = 30.0
 _SPARE_COOLDOWN_MAX_S = 600.0
 # While the job waits for min_workers (at its start or later), it says what it waits for this often.
 WAITING_NOTICE_S = 10.0
-
-
-class ElasticJobError(ExecutorError):
-    """An elastic job could not go on: too few workers for too long, too many resets, or a worker raised."""
-
-    __module__ = "elastrain.executor.elastic"  # its public name in tracebacks and reprs
 
 
 class FailurePolicy:
