@@ -295,3 +295,23 @@ def test_a_first_commit_of_a_big_model_faults_in_huge_pages() -> None:
         assert _huge_page_bytes_under(saved) > 0 or fallbacks > 0
     state.save()  # later commits copy into the same buffer
     assert state._book.handlers["model"].saved["weight"].data_ptr() == saved.data_ptr()
+
+
+def test_committed_copies_of_unusual_tensors_match_the_originals() -> None:
+    """Sparse, strided and small tensors are copied as before (only big dense ones are advised)."""
+    from elastrain.executor._private.elastic.handlers import copy_into
+
+    big_transposed = torch.randn(1024, 4096).t()  # 16 MiB, not contiguous
+    values = {
+        "sparse": torch.eye(4).to_sparse(),
+        "half": torch.randn(2048, 2048, dtype=torch.float16),  # 8 MiB: advised
+        "transposed": big_transposed,
+        "small": torch.arange(3),
+    }
+    copies = copy_into(None, values)
+    assert torch.equal(copies["sparse"].to_dense(), values["sparse"].to_dense())
+    assert torch.equal(copies["half"], values["half"])
+    assert torch.equal(copies["transposed"], big_transposed)
+    assert copies["transposed"].stride() == big_transposed.stride()
+    assert torch.equal(copies["small"], values["small"])
+    assert all(copies[name].data_ptr() != values[name].data_ptr() for name in ("half", "transposed", "small"))

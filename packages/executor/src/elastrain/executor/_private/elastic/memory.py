@@ -58,7 +58,19 @@ def empty_cpu(shape: Any, dtype: Any) -> Any:
 
 
 def cpu_copy(tensor: Any) -> Any:
-    """A detached copy of ``tensor`` in a fresh CPU buffer (``tensor.detach().to("cpu", copy=True)``)."""
-    copy = empty_cpu(tensor.shape, tensor.dtype)
-    copy.copy_(tensor.detach())
+    """``tensor.detach().to("cpu", copy=True)``, strides and all; a dense buffer of 8 MiB or more is advised for
+    huge pages before the copy first touches it (sparse and quantized tensors are copied as they always were)."""
+    import torch
+
+    source = tensor.detach()
+    if (
+        source.layout is not torch.strided
+        or source.is_quantized
+        or source.nbytes < _ADVISE_FROM_BYTES
+        or _madvise() is None
+    ):
+        return source.to("cpu", copy=True)
+    copy = torch.empty_like(source, device="cpu")
+    advise_huge_pages(copy)
+    copy.copy_(source)
     return copy
