@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
 from elastrain.tune import StorageUnreachableError, StoreInUseError, TrialIdReusedError
 from elastrain.tune._private import trial as trial_module
@@ -61,6 +64,37 @@ def test_two_live_trials_never_write_one_store(tmp_path: Path, monkeypatch: pyte
     assert "Another live trial in this Ray cluster writes" in str(raised.value)
     holder.release()  # once the holder is gone, the next one takes over
     TrialStorage(str(tmp_path), identity(), None, 30).open().release()
+
+
+@pytest.mark.parametrize("start_s", [0.0, 2.0], ids=["quick", "slower-than-a-ping"])
+def test_of_two_trials_opening_one_store_at_once_exactly_one_holds_it(
+    start_s: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each asks about the other's holder while Ray may still be starting it, which on a busy node takes longer
+    # than a lost holder is given to answer: a trial whose holder is removed before it starts must not go on as
+    # if it held the store, nor remove the other's in turn.
+    monkeypatch.setattr(trial_module, "LOCK_WAIT_S", 1.0)
+    monkeypatch.setattr(trial_module, "_StoreLock", _starting_after(start_s))
+    trials = [TrialStorage(str(tmp_path), identity(), None, 30) for _ in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        opened = [pool.submit(trial.open) for trial in trials]
+        outcomes = [future.exception(timeout=60) for future in opened]
+    refused = [error for error in outcomes if error is not None]
+    assert len(refused) == 1, outcomes
+    assert isinstance(refused[0], TrialIdReusedError)
+    (holder,) = (trial for trial, error in zip(trials, outcomes, strict=True) if error is None)
+    assert ray.get(holder._lock.holding.remote(), timeout=30)  # the one that holds has the live holder
+    holder.release()
+
+
+def _starting_after(seconds: float) -> type:
+    """A store holder whose actor takes ``seconds`` to start (defined here, so Ray ships it by value)."""
+
+    class SlowToStart(trial_module._StoreLock):
+        def __init__(self) -> None:
+            time.sleep(seconds)
+
+    return SlowToStart
 
 
 def test_storage_that_cannot_be_reached_fails_clearly_within_its_deadline(seaweed: SeaweedS3) -> None:

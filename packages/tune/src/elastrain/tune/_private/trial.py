@@ -33,8 +33,11 @@ _LOCK_NAMESPACE = "elastrain-tune"
 # How long a trial waits for the holder of its store's lock to go (a predecessor whose process Ray is still
 # declaring dead) before it decides that another live trial holds it.
 LOCK_WAIT_S = 30.0
-# A holder that does not answer within this is gone (its node lost); a live one answers in milliseconds.
-HOLDER_PING_S = 0.5
+# A started holder that does not answer within this is gone (its node lost); a live one answers in
+# milliseconds, and well within this even on a busy node.
+HOLDER_PING_S = 1.0
+# How long a trial waits for Ray to start the actor that holds its store.
+HOLDER_START_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ class TrialStorage:
         import ray
 
         with contextlib.suppress(Exception):  # never held: nothing to free
-            ray.kill(holding.result(timeout=self.timeout_s + LOCK_WAIT_S + HOLDER_PING_S), no_restart=True)
+            ray.kill(holding.result(timeout=self.timeout_s + LOCK_WAIT_S + HOLDER_START_S), no_restart=True)
         self._checked = self._holding = None
         self._lock = None
 
@@ -268,12 +271,16 @@ class _StoreLock:
 
 
 def _hold(uri: str, identity: TrialIdentity) -> Any:
-    """Create the named actor that holds ``uri``.
+    """Create the named actor that holds ``uri`` and return it once it answers.
 
     When the name is taken, the holder is asked whether it still lives: one that answers is another live trial
     (waited for up to ``LOCK_WAIT_S``, since a predecessor's lock goes a moment after its process); one that does
     not is a predecessor lost with its node, which Ray declares dead only some seconds later, so it is killed
     (freeing the name at once) and the trial that Tune restarted goes on without waiting for that.
+
+    A holder that Ray has not started yet (a worker process can take seconds on a busy node) looks lost too. Its
+    trial therefore holds the store only once its holder answers; a trial whose holder was removed before that
+    lost a race to a contender starting its own, and from then on waits for that one instead of removing it.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -281,9 +288,10 @@ def _hold(uri: str, identity: TrialIdentity) -> Any:
     name = "store-" + hashlib.sha256(uri.encode()).hexdigest()[:32]
     here = ray.get_runtime_context().get_node_id()
     deadline = time.monotonic() + LOCK_WAIT_S
+    raced = False
     while True:
         try:
-            return (
+            lock: Any = (
                 ray.remote(_StoreLock)
                 .options(
                     name=name,
@@ -295,7 +303,7 @@ def _hold(uri: str, identity: TrialIdentity) -> Any:
                 .remote()
             )
         except ValueError as error:  # the name is taken
-            if not _holder_answers(name):
+            if not _holder_lives(name, remove_silent=not raced):
                 continue
             if time.monotonic() > deadline:
                 raise TrialIdReusedError(
@@ -304,10 +312,33 @@ def _hold(uri: str, identity: TrialIdentity) -> Any:
                     "two runs with the same trial ids, must not run at once: stop the other one."
                 ) from error
             time.sleep(0.2)
+            continue
+        if _started(lock, uri, identity):
+            return lock
+        raced = True
 
 
-def _holder_answers(name: str) -> bool:
-    """Whether the actor holding ``name`` answers within ``HOLDER_PING_S``; one that does not is killed."""
+def _started(lock: Any, uri: str, identity: TrialIdentity) -> bool:
+    """Whether a freshly created holder answers (False: it was removed first); raise if Ray never starts it."""
+    import ray
+
+    try:
+        ray.get(lock.holding.remote(), timeout=HOLDER_START_S)
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(lock, no_restart=True)
+        raise RuntimeError(
+            f"Ray did not start the actor that holds the store of trial {identity.trial_id!r} ({uri}) within "
+            f"{HOLDER_START_S:g} s. It needs no CPU, only a worker process on this node: check the node with "
+            "`ray status` and its free memory."
+        ) from None
+    return True
+
+
+def _holder_lives(name: str, *, remove_silent: bool) -> bool:
+    """Whether the actor holding ``name`` is there: it answers within ``HOLDER_PING_S``, or it is silent and
+    ``remove_silent`` is off. A dead one, and a silent one when ``remove_silent`` is on, is killed."""
     import ray
 
     try:
@@ -317,8 +348,13 @@ def _holder_answers(name: str) -> bool:
     answer: Any = holder.holding.remote()
     try:
         ray.get(answer, timeout=HOLDER_PING_S)
-    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+    except ray.exceptions.GetTimeoutError:
+        if not remove_silent:
+            return True
         logger.info("The previous holder of this trial's store does not answer (its node was lost); taking over.")
+        ray.kill(holder, no_restart=True)
+        return False
+    except ray.exceptions.RayActorError:
         ray.kill(holder, no_restart=True)
         return False
     return True
