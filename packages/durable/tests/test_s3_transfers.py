@@ -1,9 +1,11 @@
 """S3 transfers against a real SeaweedFS server: parallel parts within a memory budget, multipart uploads
-aborted on the server when a deadline cancels them, and restores with read-only credentials (no lease)."""
+aborted on the server when a deadline cancels them, bodies checksummed for the server, and restores with
+read-only credentials (no lease)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -15,8 +17,14 @@ import pytest
 import s3fs
 from conftest import new_bucket, tree_contents
 
-from elastrain.durable import CheckpointNotFoundError, CheckpointStore, FsspecSyncClient, StorageTimeoutError
-from elastrain.durable._private.s3_transfer import S3Transfer
+from elastrain.durable import (
+    CheckpointNotFoundError,
+    CheckpointStore,
+    FsspecSyncClient,
+    StorageError,
+    StorageTimeoutError,
+)
+from elastrain.durable._private.s3_transfer import S3Transfer, s3_storage_options
 from elastrain_testutils.storage_servers import SeaweedS3
 
 MIB = 1 << 20
@@ -100,6 +108,93 @@ def test_parts_move_in_parallel_within_the_budget(seaweed_s3: SeaweedS3, tmp_pat
     assert 2 <= uploaded_at_once <= 3
     assert 2 <= client.transfer.most_in_flight <= 3
     assert open_uploads(seaweed_s3, bucket) == []
+
+
+def test_bodies_go_checksummed_not_hashed_again_and_a_changed_one_is_refused(
+    seaweed_s3: SeaweedS3, tmp_path: Path
+) -> None:
+    """A store's own client sends every body with a checksum header the server verifies, instead of a second
+    SHA-256 of it for the signature (botocore's habit over plain http): a body changed after it was checksummed
+    is refused by the server, and nothing is committed."""
+    source = big_folder(tmp_path / "source", (33,))  # three parts of the default 16 MiB
+    (source / "small.json").write_text("{}")  # one request
+    bucket = new_bucket(seaweed_s3)
+    headers: list[dict[str, str]] = []
+
+    def record(request: Any, **_: Any) -> None:
+        headers.append({name.lower(): _text(value) for name, value in request.headers.items()})
+
+    with CheckpointStore(f"s3://{bucket}/job", storage_options=seaweed_s3.storage_options(), timeout_s=30) as store:
+        events = store.client.filesystem.s3.meta.events  # type: ignore[attr-defined]
+        events.register("before-send.s3.UploadPart", record)
+        events.register("before-send.s3.PutObject", record)
+        committed = store.save(source, step=1)
+        bodies = [h for h in headers if int(h.get("content-length", 0)) > 1 or "x-amz-checksum-crc32" in h]
+        assert len(bodies) >= 4  # three parts and the small file, at least
+        assert all(h["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD" for h in bodies)
+        assert all("x-amz-checksum-crc32" in h for h in bodies)
+
+        events.register("before-send.s3.UploadPart", _change_one_byte)
+        with pytest.raises(StorageError, match="did not match"):
+            store.save(source, step=2)
+        assert store.list() == [committed]
+
+
+def test_where_checksums_are_only_sent_when_required_bodies_stay_signed(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
+    """Some S3-compatible servers refuse checksum headers; botocore's setting for them is honoured."""
+    source = big_folder(tmp_path / "source", (33,))
+    bucket = new_bucket(seaweed_s3)
+    headers: list[dict[str, str]] = []
+
+    def record(request: Any, **_: Any) -> None:
+        headers.append({name.lower(): _text(value) for name, value in request.headers.items()})
+
+    options = seaweed_s3.storage_options(request_checksum_calculation="when_required")
+    with CheckpointStore(f"s3://{bucket}/job", storage_options=options, timeout_s=30) as store:
+        store.client.filesystem.s3.meta.events.register("before-send.s3.UploadPart", record)  # type: ignore[attr-defined]
+        committed = store.save(source, step=1)
+        store.restore(committed, local_dir=tmp_path / "restored")
+    assert len(headers) == 3
+    assert not any(name.startswith("x-amz-checksum") for h in headers for name in h)
+    assert all(len(h["x-amz-content-sha256"]) == 64 for h in headers)  # the body's SHA-256, signed
+    assert tree_contents(tmp_path / "restored") == tree_contents(source)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _change_one_byte(request: Any, **_: Any) -> None:
+    """What a faulty link or buffer does to a body after its checksum was taken."""
+    data = request.body.getvalue()
+    if len(data) > MIB:  # a part, not the markers' and manifests' small documents
+        request.body = io.BytesIO(bytes([data[0] ^ 1]) + data[1:])
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, {"config_kwargs": {"s3": {"payload_signing_enabled": False}}}),
+        (
+            {"key": "k", "config_kwargs": {"read_timeout": 5, "s3": {"addressing_style": "path"}}},
+            {
+                "key": "k",
+                "config_kwargs": {
+                    "read_timeout": 5,
+                    "s3": {"addressing_style": "path", "payload_signing_enabled": False},
+                },
+            },
+        ),
+        # What the caller chose stays: signing asked for, or checksums only where required (then signing is
+        # what covers a body).
+        ({"config_kwargs": {"s3": {"payload_signing_enabled": True}}}, None),
+        ({"config_kwargs": {"request_checksum_calculation": "when_required"}}, None),
+    ],
+)
+def test_a_stores_own_s3_options_leave_checksummed_bodies_unsigned(
+    given: dict[str, Any], expected: dict[str, Any] | None
+) -> None:
+    assert s3_storage_options(given) == (given if expected is None else expected)
 
 
 def test_a_deadline_aborts_the_multipart_upload_on_the_server(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:

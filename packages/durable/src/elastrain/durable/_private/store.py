@@ -42,6 +42,7 @@ from elastrain.durable._private.futures import CheckpointFuture
 from elastrain.durable._private.location import import_backend, parse_location, redact, secret_values
 from elastrain.durable._private.readers import Readers
 from elastrain.durable._private.retry import with_retries
+from elastrain.durable._private.s3_transfer import s3_storage_options
 from elastrain.durable._private.staging import (
     STAGING_MODES,
     StagingMode,
@@ -513,4 +514,7 @@ def _default_client(location: Any, storage_options: Mapping[str, Any] | None) ->
     import_backend(location.protocol)
     import fsspec
 
-    return FsspecSyncClient(fsspec.filesystem(location.protocol, **dict(storage_options or {})))
+    options = dict(storage_options or {})
+    if location.protocol in ("s3", "s3a"):
+        options = s3_storage_options(options)
+    return FsspecSyncClient(fsspec.filesystem(location.protocol, **options))
