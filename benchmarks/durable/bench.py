@@ -8,7 +8,7 @@ Same run, same bytes: a 256 MiB checkpoint of four files, saved to a SeaweedFS S
 - restore: ``CheckpointStore.restore`` (download + SHA-256 check) vs a raw ``s3fs`` ``get`` (≤ 1.3×) and vs
   ``pyarrow.fs.copy_files`` from S3, reported; with ``ArrowSyncClient`` vs ``pyarrow.fs.copy_files`` (≤ 1.3×);
 - a new process's first ``list()`` of 100 committed checkpoints vs reading their manifests one by one.
-Rounds are interleaved, the order of the variants rotating every round (8 rounds: each variant goes first in two);
+Rounds are interleaved, the order of the variants rotating every round (12 rounds: each variant goes first in three);
 every timed transfer starts after ``os.sync()``, so none pays for the writeback of the one before. Rows show
 medians.
 """
@@ -150,7 +150,7 @@ def fill_many(options: dict[str, Any], scratch: Path) -> None:
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    rounds = 4 if args.quick else 8  # a multiple of the 4 variants: each is first in as many rounds
+    rounds = 4 if args.quick else 12  # a multiple of the 4 variants: each is first in as many rounds
     samples: dict[str, list[float]] = {}
 
     def record(name: str, seconds: float) -> None:

@@ -91,6 +91,25 @@ def round_trip(store: CheckpointStore, server: Server, tmp_path: Path, tree: Pat
     assert tree_contents(tmp_path / "out") == tree_contents(tree)
 
 
+def test_a_single_file_is_deleted_alone_in_one_request(server: Server) -> None:
+    """Markers and leases go with one request; a file already gone is no error, and its neighbours stay."""
+    store = store_for(server)
+    client = store.client
+    folder = store.location.join("_pending")
+    for name in ("a.json", "b.json"):
+        client.write_bytes(f"{folder}/{name}", b"{}", timeout_s=30)
+    requests: list[str] = []
+    if not isinstance(server, FakeGcs):  # count what reaches the S3 server
+        events = client.filesystem.s3.meta.events  # type: ignore[attr-defined]
+        events.register("before-send.s3", lambda request, **_: requests.append(request.method))
+    client.delete_file(f"{folder}/a.json", timeout_s=30)
+    client.delete_file(f"{folder}/a.json", timeout_s=30)  # again: already gone
+    if not isinstance(server, FakeGcs):
+        assert requests == ["DELETE", "DELETE"]
+    assert remote_names(store, folder) == ["b.json"]
+    store.close()
+
+
 def test_big_file_round_trip(moto_s3: MotoS3, tmp_path: Path) -> None:
     source = make_tree(tmp_path / "big", big_bytes=100 << 20)
     with store_for(moto_s3) as store:

@@ -56,7 +56,7 @@ class Collector:
 
     def clear_pending(self, name: str) -> None:
         try:
-            self._delete(self._marker(name))
+            self._delete_file(self._marker(name))
         except Exception as error:  # a leftover marker of a committed checkpoint is removed by collection
             logger.info("Could not remove the upload marker of %s (%s).", name, type(error).__name__)
 
@@ -127,11 +127,11 @@ class Collector:
                 continue  # committed since the listings (a writer past its deadline still finished)
             self._delete_folder(name)
             if name in markers:
-                self._delete(self._marker_uri(markers[name]))
+                self._delete_file(self._marker_uri(markers[name]))
             failed.discard(name)
             logger.info("Removed unfinished upload %s.", self.location.display_join(name))
         for name in markers.keys() & manifests:  # committed, but its marker was left behind
-            self._delete(self._marker_uri(markers[name]))
+            self._delete_file(self._marker_uri(markers[name]))
 
     def _abandoned(
         self, manifests: set[str], markers: dict[str, str], committed_sequence: int, root: list[str] | None
@@ -166,17 +166,15 @@ class Collector:
             return 0.0, 0.0  # unreadable: abandoned
 
     def _committed_now(self, name: str) -> bool:
-        uri = self.location.join(ckpt.MANIFEST_DIR, name, ckpt.MANIFEST_FILE)
-        try:
-            self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), "checking a manifest")
-        except FileNotFoundError:
-            return False
-        return True
+        return self._exists_now(self.location.join(ckpt.MANIFEST_DIR, name, ckpt.MANIFEST_FILE), "checking a manifest")
 
     def _marked_now(self, name: str) -> bool:
-        uri = self._marker(name)
+        return self._exists_now(self._marker(name), "checking an upload marker")
+
+    def _exists_now(self, uri: str, what: str) -> bool:
+        """Read afresh (not from a listing taken earlier): whether the small file is there at this moment."""
         try:
-            self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), "checking an upload marker")
+            self.retry(lambda left: self.client.read_bytes(uri, timeout_s=left), what)
         except FileNotFoundError:
             return False
         return True
@@ -208,6 +206,9 @@ class Collector:
 
     def _delete(self, uri: str) -> None:
         self.retry(lambda left: self.client.delete(uri, timeout_s=left), "deleting a checkpoint")
+
+    def _delete_file(self, uri: str) -> None:
+        self.retry(lambda left: self.client.delete_file(uri, timeout_s=left), "deleting an upload marker")
 
 
 def _name_of_marker(marker: str) -> str:

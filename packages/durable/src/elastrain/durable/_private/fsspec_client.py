@@ -11,6 +11,7 @@ On the local disk and on S3, checksums are taken from the bytes as they move (``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import threading
@@ -184,6 +185,30 @@ class FsspecSyncClient(DescribedTransfers):
                 if fs.exists(base):
                     fs.rm(base, recursive=True)
                 fs.invalidate_cache(base)
+
+            local.run_with_deadline(remove_blocking, timeout_s, f"deleting {uri}")
+
+    def delete_file(self, uri: str, *, timeout_s: float) -> None:
+        """One request on object stores, where :meth:`delete` lists the prefix and removes folder entries too."""
+        fs = self.filesystem
+        if fs is None:
+            self.delete(uri, timeout_s=timeout_s)
+            return
+        path = fs._strip_protocol(uri)
+        if self._is_async:
+
+            async def remove() -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    await fs._rm_file(path)
+                fs.invalidate_cache(path)
+
+            self._run_async(remove, timeout_s, f"deleting {uri}")
+        else:
+
+            def remove_blocking() -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm_file(path)
+                fs.invalidate_cache(path)
 
             local.run_with_deadline(remove_blocking, timeout_s, f"deleting {uri}")
 

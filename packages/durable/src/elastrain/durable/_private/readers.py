@@ -108,7 +108,7 @@ class Readers:
 
     def _remove(self, uri: str) -> None:
         try:
-            self.retry(lambda left: self.client.delete(uri, timeout_s=left), "removing a reader lease")
+            self.retry(lambda left: self.client.delete_file(uri, timeout_s=left), "removing a reader lease")
         except Exception as error:  # an expired lease left behind is removed by the next collection
             logger.warning(
                 "Could not remove a reader lease under %s (%s).", self.location.display, self.redact(str(error))

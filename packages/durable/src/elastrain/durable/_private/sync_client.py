@@ -79,6 +79,11 @@ class SyncClient(ABC):
                 writer.write(data)
             self.upload(scratch, parent, timeout_s=timeout_s)
 
+    def delete_file(self, uri: str, *, timeout_s: float) -> None:
+        """Remove the single file ``uri`` (an upload marker, a reader lease); nothing there is not an error. The
+        default is :meth:`delete`; clients that can remove one object in one request override it."""
+        self.delete(uri, timeout_s=timeout_s)
+
     def close(self) -> None:  # noqa: B027 - optional for subclasses
         """Release connections (called by ``CheckpointStore.close``)."""
 
