@@ -124,8 +124,13 @@ def test_bodies_go_checksummed_not_hashed_again_and_a_changed_one_is_refused(
     def record(request: Any, **_: Any) -> None:
         headers.append({name.lower(): _text(value) for name, value in request.headers.items()})
 
+    given: list[list[str]] = []
     with CheckpointStore(f"s3://{bucket}/job", storage_options=seaweed_s3.storage_options(), timeout_s=30) as store:
         events = store.client.filesystem.s3.meta.events  # type: ignore[attr-defined]
+        events.register(
+            "before-parameter-build.s3.UploadPart",
+            lambda params, **_: given.append(sorted(name for name in params if name.startswith("Checksum"))),
+        )
         events.register("before-send.s3.UploadPart", record)
         events.register("before-send.s3.PutObject", record)
         committed = store.save(source, step=1)
@@ -133,6 +138,7 @@ def test_bodies_go_checksummed_not_hashed_again_and_a_changed_one_is_refused(
         assert len(bodies) >= 4  # three parts and the small file, at least
         assert all(h["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD" for h in bodies)
         assert all("x-amz-checksum-crc32" in h for h in bodies)
+        assert given == [["ChecksumCRC32"]] * 3  # taken in the reading thread, not by botocore on the loop
 
         events.register("before-send.s3.UploadPart", _change_one_byte)
         with pytest.raises(StorageError, match="did not match"):
@@ -195,6 +201,44 @@ def test_a_stores_own_s3_options_leave_checksummed_bodies_unsigned(
     given: dict[str, Any], expected: dict[str, Any] | None
 ) -> None:
     assert s3_storage_options(given) == (given if expected is None else expected)
+
+
+@pytest.mark.parametrize("where", ["options", "environment"])
+def test_checksums_only_when_required_keep_bodies_signed_however_it_is_said(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore takes the setting from its config, the environment or the profile, in any case."""
+    given: dict[str, Any] = {"key": "k"}
+    if where == "options":
+        given["config_kwargs"] = {"request_checksum_calculation": "WHEN_REQUIRED"}
+    else:
+        monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "When_Required")
+    assert s3_storage_options(given) == given
+
+
+def test_a_filesystem_passed_in_is_used_as_configured(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
+    """Signing and checksums stay botocore's where the caller made the filesystem: no checksum is set by hand
+    (that would make botocore sign bodies over https too)."""
+    source = big_folder(tmp_path / "source", (33,))
+    bucket = new_bucket(seaweed_s3)
+    given: list[list[str]] = []
+    headers: list[dict[str, str]] = []
+    fs = raw_fs(seaweed_s3)
+    with CheckpointStore(f"s3://{bucket}/job", sync_client=FsspecSyncClient(fs), timeout_s=30) as store:
+        store.list()  # connects
+        events = fs.s3.meta.events
+        events.register(
+            "before-parameter-build.s3.UploadPart",
+            lambda params, **_: given.append(sorted(name for name in params if name.startswith("Checksum"))),
+        )
+        events.register(
+            "before-send.s3.UploadPart",
+            lambda request, **_: headers.append({k.lower(): _text(v) for k, v in request.headers.items()}),
+        )
+        store.save(source, step=1)
+    assert given == [[], [], []]
+    assert all(len(h["x-amz-content-sha256"]) == 64 for h in headers)  # botocore signs over http
+    assert all("x-amz-checksum-crc32" in h for h in headers)  # and checksums, as it does by default
 
 
 def test_a_deadline_aborts_the_multipart_upload_on_the_server(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from elastrain.tune._private import trial as trial_module
 from elastrain.tune._private.trial import TrialIdentity, TrialStorage
 from elastrain_testutils.ray_testing import local_ray
 from elastrain_testutils.storage_servers import SeaweedS3
+from elastrain_testutils.waiting import wait_until
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -85,6 +86,37 @@ def test_of_two_trials_opening_one_store_at_once_exactly_one_holds_it(
     (holder,) = (trial for trial, error in zip(trials, outcomes, strict=True) if error is None)
     assert ray.get(holder._lock.holding.remote(), timeout=30)  # the one that holds has the live holder
     holder.release()
+
+
+def test_a_trial_whose_holder_was_replaced_is_refused_at_its_next_write(tmp_path: Path) -> None:
+    """What a second trial does when the holder does not answer in time: kill it and hold the store itself."""
+    first = TrialStorage(str(tmp_path), identity(), None, 30).open()
+    name = trial_module._lock_name(first.uri)
+    ray.kill(first._lock, no_restart=True)
+    wait_until(lambda: _unnamed(name), timeout_s=30, what="the killed holder's name to be free")
+    other = ray.remote(trial_module._StoreLock).options(name=name, namespace=trial_module._LOCK_NAMESPACE).remote()
+    with pytest.raises(TrialIdReusedError, match="took it over from this one"):
+        first.wait_held()
+    ray.kill(other, no_restart=True)
+
+
+def test_a_release_during_a_hold_frees_the_store_once_the_hold_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trial_module, "_StoreLock", _starting_after(2.0))
+    storage = TrialStorage(str(tmp_path), identity(), None, 30).open(hold_in_background=True)
+    name = trial_module._lock_name(storage.uri)
+    storage.release()  # returns at once; the holder still starting is killed when its hold ends
+    wait_until(lambda: not _unnamed(name), timeout_s=30, what="the hold to create its holder")
+    wait_until(lambda: _unnamed(name), timeout_s=30, what="the released holder to go")
+
+
+def _unnamed(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=trial_module._LOCK_NAMESPACE)
+    except ValueError:
+        return True
+    return False
 
 
 def _starting_after(seconds: float) -> type:

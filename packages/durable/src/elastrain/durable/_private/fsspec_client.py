@@ -202,7 +202,10 @@ class FsspecSyncClient(DescribedTransfers):
                     await fs._rm_file(path)
                 fs.invalidate_cache(path)
 
-            self._run_async(remove, timeout_s, f"deleting {uri}")
+            try:
+                self._run_async(remove, timeout_s, f"deleting {uri}")
+            except NotImplementedError:  # a filesystem without single-file removal
+                self.delete(uri, timeout_s=timeout_s)
         else:
 
             def remove_blocking() -> None:
@@ -210,7 +213,10 @@ class FsspecSyncClient(DescribedTransfers):
                     fs.rm_file(path)
                 fs.invalidate_cache(path)
 
-            local.run_with_deadline(remove_blocking, timeout_s, f"deleting {uri}")
+            try:
+                local.run_with_deadline(remove_blocking, timeout_s, f"deleting {uri}")
+            except NotImplementedError:
+                self.delete(uri, timeout_s=timeout_s)
 
     def _abort_open_uploads(self, uri: str, *, timeout_s: float) -> None:
         """S3 only: abort multipart uploads left open under a deleted checkpoint folder (a writer killed

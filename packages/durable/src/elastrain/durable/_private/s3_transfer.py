@@ -15,6 +15,7 @@ import base64
 import collections
 import functools
 import hashlib
+import importlib
 import logging
 import os
 import zlib
@@ -32,20 +33,33 @@ def s3_storage_options(storage_options: Mapping[str, Any]) -> dict[str, Any]:
     """s3fs options for a store's own client: bodies carry a checksum the server verifies, and are not hashed a
     second time for the request's signature.
 
-    Over https botocore already leaves bodies unsigned when a checksum header covers them; over plain http it
-    signs them too, a SHA-256 pass over every byte (a tenth of an upload's time where the CPU is the limit).
-    The checksum header (CRC32 unless configured otherwise) is itself signed, and the manifest's SHA-256 of the
-    same bytes is checked at every restore. Left as set where the options say otherwise, or where checksums are
-    calculated only when required (then signing is what covers the body).
+    Over https botocore already leaves a body unsigned when its own checksum header covers it; over plain http
+    it signs it too, a SHA-256 pass over every byte (a tenth of an upload's time where the CPU is the limit).
+    The checksum header (CRC32, see ``S3Transfer``) is itself signed, and the manifest's SHA-256 of the same
+    bytes is checked at every restore. Left as set where the options set it, or where checksums are sent only
+    when an operation requires them (options, environment or profile): then signing is what covers a body.
     """
     options = dict(storage_options)
     config = dict(options.get("config_kwargs") or {})
-    if config.get("request_checksum_calculation") == "when_required":
+    if _checksums_only_when_required(options, config):
         return options
     s3_config = dict(config.get("s3") or {})
     s3_config.setdefault("payload_signing_enabled", False)
     options["config_kwargs"] = {**config, "s3": s3_config}
     return options
+
+
+def _checksums_only_when_required(options: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """botocore's ``request_checksum_calculation`` as the client will resolve it: its config, else the
+    environment (``AWS_REQUEST_CHECKSUM_CALCULATION``) or the profile."""
+    value = config.get("request_checksum_calculation")
+    if value is None:
+        try:
+            session = importlib.import_module("botocore.session").Session(profile=options.get("profile"))
+            value = session.get_config_variable("request_checksum_calculation")
+        except Exception:  # an unknown profile fails the client itself; meanwhile keep signing
+            return True
+    return str(value).lower() == "when_required"
 
 
 def is_s3(filesystem: Any) -> bool:
@@ -108,11 +122,13 @@ class S3Transfer:
         return size, digest.hexdigest()
 
     async def _checksummed(self) -> bool:
-        """Whether bodies carry a checksum header: botocore's default, unless its configuration asks for them only
-        where an operation requires one (some S3-compatible servers refuse the header)."""
+        """Whether bodies go with a CRC32 taken here. Only where the client leaves them unsigned, as a store's own
+        does (``s3_storage_options``); elsewhere botocore checksums (or signs) them as it is configured to: a
+        header set by hand would make it sign over https too."""
         client = await self.fs.set_session()
         config = getattr(getattr(client, "meta", None), "config", None)
-        return getattr(config, "request_checksum_calculation", "when_supported") != "when_required"
+        signing = (getattr(config, "s3", None) or {}).get("payload_signing_enabled")
+        return signing is False and getattr(config, "request_checksum_calculation", None) != "when_required"
 
     async def _create(self, bucket: str, key: str) -> str:
         """Start a multipart upload; cancelled meanwhile (a deadline), it is still aborted once it exists: the

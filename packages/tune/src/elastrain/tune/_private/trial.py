@@ -163,16 +163,18 @@ class TrialStorage:
         self.wait_checked()
         if self._holding is None:
             raise RuntimeError("This trial's store is not open (or was released).")
-        self._lock = self._holding.result()
+        lock = self._holding.result()
+        # Looked up at every write: a trial that took this one's holder for a lost one (it did not answer in
+        # time) has replaced it, and two trials must never write one store.
+        if not _names(self.uri, lock):
+            raise _held_elsewhere(self.uri, self.identity, "took it over from this one")
+        self._lock = lock
 
     def release(self) -> None:
         holding = self._holding
         if holding is None:
             return
-        import ray
-
-        with contextlib.suppress(Exception):  # never held: nothing to free
-            ray.kill(holding.result(timeout=self.timeout_s + LOCK_WAIT_S + HOLDER_START_S), no_restart=True)
+        holding.add_done_callback(_free)  # now, or once a hold still under way ends: never left behind
         self._checked = self._holding = None
         self._lock = None
 
@@ -285,7 +287,7 @@ def _hold(uri: str, identity: TrialIdentity) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    name = "store-" + hashlib.sha256(uri.encode()).hexdigest()[:32]
+    name = _lock_name(uri)
     here = ray.get_runtime_context().get_node_id()
     deadline = time.monotonic() + LOCK_WAIT_S
     raced = False
@@ -302,19 +304,17 @@ def _hold(uri: str, identity: TrialIdentity) -> Any:
                 )
                 .remote()
             )
-        except ValueError as error:  # the name is taken
+        except ValueError:  # the name is taken
             if not _holder_lives(name, remove_silent=not raced):
                 continue
             if time.monotonic() > deadline:
-                raise TrialIdReusedError(
-                    f"Another live trial in this Ray cluster writes {uri} (the store of trial {identity.trial_id!r}); "
-                    f"it still held it after {LOCK_WAIT_S:g} s. Two experiments restored from the same state, or "
-                    "two runs with the same trial ids, must not run at once: stop the other one."
-                ) from error
+                raise _held_elsewhere(uri, identity, f"still held it after {LOCK_WAIT_S:g} s") from None
             time.sleep(0.2)
             continue
         if _started(lock, uri, identity):
             return lock
+        if time.monotonic() > deadline:
+            raise _held_elsewhere(uri, identity, "removed this trial's claim while it was starting") from None
         raced = True
 
 
@@ -322,18 +322,25 @@ def _started(lock: Any, uri: str, identity: TrialIdentity) -> bool:
     """Whether a freshly created holder answers (False: it was removed first); raise if Ray never starts it."""
     import ray
 
-    try:
-        ray.get(lock.holding.remote(), timeout=HOLDER_START_S)
-    except ray.exceptions.RayActorError:
-        return False
-    except ray.exceptions.GetTimeoutError:
+    deadline = time.monotonic() + HOLDER_START_S
+    while True:
+        try:
+            ray.get(lock.holding.remote(), timeout=max(deadline - time.monotonic(), 0.001))
+            return True
+        except ray.exceptions.ActorUnavailableError:  # unreachable for a moment, not dead: ask again
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+        except ray.exceptions.RayActorError:
+            return False
+        except ray.exceptions.GetTimeoutError:
+            pass
         ray.kill(lock, no_restart=True)
         raise RuntimeError(
             f"Ray did not start the actor that holds the store of trial {identity.trial_id!r} ({uri}) within "
             f"{HOLDER_START_S:g} s. It needs no CPU, only a worker process on this node: check the node with "
             "`ray status` and its free memory."
-        ) from None
-    return True
+        )
 
 
 def _holder_lives(name: str, *, remove_silent: bool) -> bool:
@@ -348,7 +355,7 @@ def _holder_lives(name: str, *, remove_silent: bool) -> bool:
     answer: Any = holder.holding.remote()
     try:
         ray.get(answer, timeout=HOLDER_PING_S)
-    except ray.exceptions.GetTimeoutError:
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
         if not remove_silent:
             return True
         logger.info("The previous holder of this trial's store does not answer (its node was lost); taking over.")
@@ -358,3 +365,35 @@ def _holder_lives(name: str, *, remove_silent: bool) -> bool:
         ray.kill(holder, no_restart=True)
         return False
     return True
+
+
+def _lock_name(uri: str) -> str:
+    return "store-" + hashlib.sha256(uri.encode()).hexdigest()[:32]
+
+
+def _names(uri: str, lock: Any) -> bool:
+    """Whether ``lock`` is still the actor named as the holder of ``uri``."""
+    import ray
+
+    try:
+        return bool(ray.get_actor(_lock_name(uri), namespace=_LOCK_NAMESPACE) == lock)
+    except ValueError:
+        return False
+
+
+def _held_elsewhere(uri: str, identity: TrialIdentity, what: str) -> TrialIdReusedError:
+    return TrialIdReusedError(
+        f"Another live trial in this Ray cluster writes {uri} (the store of trial {identity.trial_id!r}); it {what}. "
+        "Two experiments restored from the same state, or two runs with the same trial ids, must not run at once: "
+        "stop the other one."
+    )
+
+
+def _free(holding: concurrent.futures.Future[Any]) -> None:
+    """Kill the holder a hold ended with (none if it failed)."""
+    if holding.cancelled() or holding.exception() is not None:
+        return
+    import ray
+
+    with contextlib.suppress(Exception):  # already gone
+        ray.kill(holding.result(), no_restart=True)
