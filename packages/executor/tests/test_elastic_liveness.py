@@ -109,8 +109,10 @@ def test_a_frozen_worker_is_evicted_and_the_survivor_goes_on(tmp_path: Path, cap
     assert len(evictions) == 1
     # Steps after the frozen one: rank 0 may still be sending the step before it when rank 1 freezes.
     after = sorted((m for m in messages if m["t"] > at and m["step"] > MISBEHAVE_AT), key=lambda m: m["t"])
-    around = [m for m in messages if m["step"] >= MISBEHAVE_AT - 1][:8]
-    assert after[0]["size"] == 1, (at, pid, around)  # the survivor went on alone before the replacement joined
+    # A string, not a tuple: pytest shortens the repr of a tuple, and this assertion has failed rarely, unexplained.
+    around = "\n".join(str(m) for m in messages if m["step"] >= MISBEHAVE_AT - 1)
+    explained = f"rank 1 (pid {pid}) froze at {at}; messages from step {MISBEHAVE_AT - 1} on:\n{around}"
+    assert after[0]["size"] == 1, explained  # the survivor went on alone before the replacement joined
     assert after[0]["t"] - at < COLLECTIVE_TIMEOUT_S  # not freed by the collective timeout
     assert pid not in {m["pid"] for m in after}
     with pytest.raises(ProcessLookupError):  # killed (SIGKILL works on a stopped process) and reaped
