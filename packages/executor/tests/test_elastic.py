@@ -281,6 +281,43 @@ def test_a_plain_function_runs_once_on_every_worker() -> None:
     assert len(set(pids)) == 3
 
 
+def imports_and_collector() -> tuple[bool, bool, bool]:
+    import gc
+    import sys
+
+    return "torch._dynamo" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0
+
+
+def test_workers_import_torch_before_they_run_with_the_collector_on_and_the_imports_frozen() -> None:
+    discovery = StaticHostDiscovery("host-1:1")
+    with elastic_executor(discovery, min_workers=1) as executor:
+        executor.start()
+        assert executor.run(imports_and_collector) == [(True, True, True)]
+
+
+def test_a_module_a_worker_needs_fails_its_start_and_a_head_start_does_not() -> None:
+    import ray
+    import ray.exceptions
+
+    from elastrain.executor._private.worker import Worker
+
+    worker = ray.remote(Worker).options(num_cpus=0).remote()
+    try:
+        node = ray.get(worker.prepare.remote(("json",), ("elastrain_no_such_module",)), timeout=60)
+        assert node.pid > 0
+        with pytest.raises(ray.exceptions.RayTaskError, match="elastrain_no_such_module"):
+            ray.get(worker.prepare.remote(("elastrain_no_such_module",)), timeout=60)
+        assert ray.get(worker.call.remote(gc_is_enabled), timeout=60)  # back on after a failed import too
+    finally:
+        ray.kill(worker, no_restart=True)
+
+
+def gc_is_enabled() -> bool:
+    import gc
+
+    return gc.isenabled()
+
+
 def test_shutdown_ends_a_job_still_waiting_for_min_workers() -> None:
     discovery = StaticHostDiscovery("host-1:1")
     executor = elastic_executor(discovery, min_workers=4, elastic_timeout=120)

@@ -94,7 +94,8 @@ def test_a_trial_whose_holder_was_replaced_is_refused_at_its_next_write(tmp_path
     name = trial_module._lock_name(first.uri)
     ray.kill(first._lock, no_restart=True)
     wait_until(lambda: _unnamed(name), timeout_s=30, what="the killed holder's name to be free")
-    other = ray.remote(trial_module._StoreLock).options(name=name, namespace=trial_module._LOCK_NAMESPACE).remote()
+    holder = ray.remote(trial_module._StoreLock).options(name=name, namespace=trial_module._LOCK_NAMESPACE)
+    other = holder.remote(first.uri)
     with pytest.raises(TrialIdReusedError, match="took it over from this one"):
         first.wait_held()
     ray.kill(other, no_restart=True)
@@ -123,8 +124,9 @@ def _starting_after(seconds: float) -> type:
     """A store holder whose actor takes ``seconds`` to start (defined here, so Ray ships it by value)."""
 
     class SlowToStart(trial_module._StoreLock):
-        def __init__(self) -> None:
+        def __init__(self, uri: str) -> None:
             time.sleep(seconds)
+            super().__init__(uri)
 
     return SlowToStart
 

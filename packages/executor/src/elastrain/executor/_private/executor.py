@@ -208,7 +208,7 @@ class RayExecutor:
         extra_env_vars: dict[str, str],
     ) -> WorkerCalls:
         nodes: list[NodeInfo] = wait_ready(
-            [actor.node_info.remote() for actor in actors], self.settings.timeout_s, "Starting the worker actors"
+            [actor.prepare.remote(()) for actor in actors], self.settings.timeout_s, "Starting the worker actors"
         )
         self._placements = assign_ranks(nodes)
         by_rank = [actors[placement.index] for placement in self._placements]

@@ -22,6 +22,9 @@ from elastrain.executor._private.placement import pin_to_host
 
 logger = logging.getLogger("elastrain.executor")
 
+# What an elastic worker imports before it joins a group: what it needs, and a head start (Worker.prepare).
+_PRELOADED = (("torch.distributed",), ("torch._dynamo",))
+
 
 class BundleDiscovery(Protocol):
     """What the pool needs of ``elastrain.discovery.PlacementGroupHostDiscovery``."""
@@ -163,7 +166,7 @@ class WorkerPool:
         actor = self.worker_class.options(
             num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0, **placement
         ).remote()
-        worker = PoolWorker(f"w{next(self._ids)}", host_id, actor, actor.prepare.remote(), phase)
+        worker = PoolWorker(f"w{next(self._ids)}", host_id, actor, actor.prepare.remote(*_PRELOADED), phase)
         with self._lock:
             self._workers[worker.worker_id] = worker
         return worker
