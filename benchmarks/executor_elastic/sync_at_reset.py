@@ -9,7 +9,9 @@ one pairing every variant with its baseline back to back (which of the pair goes
   state and both ranks make a fresh ``TorchState``, as a replacement process would have;
 - baseline for it: ``torch.distributed.broadcast`` of every tensor of the model's ``state_dict`` and of the
   optimizer's state from rank 0, rank 1 receiving the optimizer's into tensors it allocates first;
-- elastrain, survivor: the same sync again, when every tensor is already there;
+- elastrain, survivor: the same sync again, when every tensor is already there and both ranks are at their last
+  commit with the same count, as survivors are at a reset raised from a commit (``at_commit``): they receive
+  into their live tensors and keep their committed copies;
 - baseline for it: the same broadcasts into the tensors rank 1 already holds.
 
 Both sides of a pair allocate (and fault in) the same amount of fresh memory, which on a VM costs several times
@@ -99,9 +101,13 @@ def worker() -> dict[str, Any]:
             optimizer.state.clear()  # a replacement process has no optimizer state yet
         gc.collect()
         made = elastic.TorchState(model, optimizer, step=1)
-        if rank == 0:
-            made._book.commits = 1
+        if rank == 0:  # the source: its reset came from a commit, which leaves it there
+            made._book.commits, made._book.at_commit = 1, True
         return made
+
+    def survivor_sync(state: Any) -> None:
+        state._book.at_commit = True  # both ranks: their reset came from a commit
+        state._synchronize()
 
     source_tensors = optimizer_tensors() if rank == 0 else []
     shapes = broadcast_shapes(source_tensors, rank)
@@ -132,8 +138,9 @@ def worker() -> dict[str, Any]:
         else:
             pair(("newcomer", state._synchronize), ("broadcast_allocating", allocating_baseline), round_ % 2 == 1)
         held = optimizer_tensors()  # every rank holds them now: the in-place baseline's receive buffers
-        pair(("survivor", state._synchronize), ("broadcast", functools.partial(broadcast_into, held)), round_ % 2 == 1)
-        del held, state
+        survivor = functools.partial(survivor_sync, state)
+        pair(("survivor", survivor), ("broadcast", functools.partial(broadcast_into, held)), round_ % 2 == 1)
+        del held, state, survivor
     tensors_bytes = model_bytes + sum(t.nbytes for t in optimizer_tensors())
     runtime.install(None)
     return {

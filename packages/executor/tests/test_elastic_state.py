@@ -163,6 +163,57 @@ def test_sync_on_one_rank_keeps_everything(one_process_group: None) -> None:
     assert state.commit_count == 0
 
 
+def committed_versions(state: Any) -> list[int]:
+    """How often each committed tensor was written (a copy into it counts)."""
+    saved = [state._book.handlers[name].saved for name in ("model", "optimizer")]
+    tensors = list(saved[0].values()) + [t for entry in saved[1]["state"].values() for t in entry.values()]
+    return [t._version for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def synchronized(state: Any) -> None:
+    runtime.install(runtime.Runtime(None, "w0", None))  # type: ignore[arg-type]
+    try:
+        state._synchronize()
+    finally:
+        runtime.install(None)
+
+
+def test_a_sync_at_the_last_commit_leaves_the_committed_copy_alone(one_process_group: None) -> None:
+    """A survivor whose reset came from its commit, or after a rollback, already holds what the source sends."""
+    model, optimizer, *_ = training_objects()
+    state = elastic.TorchState(model, optimizer, step=0)
+    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 2)
+    state.save()
+    state._book.commits, state._book.at_commit = 3, True  # as commit() leaves it when a reset interrupts
+    versions = committed_versions(state)
+    synchronized(state)
+    assert committed_versions(state) == versions
+    assert state.commit_count == 3
+    assert not state._book.at_commit  # the training code runs next
+    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 1)
+    state._roll_back()
+    assert state._book.at_commit
+    synchronized(state)
+    assert committed_versions(state) == versions
+
+
+def test_a_sync_with_work_since_the_commit_commits_what_it_brought(one_process_group: None) -> None:
+    """Interrupted between commits (check_host_updates in the training code), the state synced is committed."""
+    model, optimizer, *_ = training_objects()
+    state = elastic.TorchState(model, optimizer, step=0)
+    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 1)
+    state.save()
+    state._book.commits = 3
+    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 2)  # not committed
+    versions = committed_versions(state)
+    synchronized(state)
+    assert all(after > before for after, before in zip(committed_versions(state), versions, strict=True))
+    saved = state._book.handlers["model"].saved
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    state.restore()  # rolls back to what the sync committed, not to the commit before it
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+
 def test_objects_travel_without_numpy_in_the_way(one_process_group: None) -> None:
     value = {"nested": [1, 2.5, "three"], "tensor_free": True}
     assert elastic.broadcast_object(value, 0) == value

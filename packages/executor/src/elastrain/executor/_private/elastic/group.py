@@ -270,9 +270,12 @@ class Runtime:
 
         return ray.get(self.coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S) is not None
 
-    def commit_counts(self, commits: int, skip_sync: bool = False) -> tuple[int, int, bool]:
-        """The rank whose state is newest (most commits; the lowest such rank), its count, and whether the full
-        sync may be skipped: every rank asked to skip it and holds that count.
+    def commit_counts(
+        self, commits: int, skip_sync: bool = False, at_commit: bool = False
+    ) -> tuple[int, int, bool, bool]:
+        """The rank whose state is newest (most commits; the lowest such rank), its count, whether the full sync
+        may be skipped (every rank asked to skip it and holds that count), and whether that rank's live state is
+        its last commit (``at_commit``: nothing but the reset callbacks ran since it committed or rolled back).
 
         Decided by the workers themselves, so a newcomer, or a worker that was published into a group but never
         received state, can never overwrite a survivor's progress; and a worker that rolled back (its peers'
@@ -281,14 +284,17 @@ class Runtime:
         import torch
         import torch.distributed as dist
 
-        size = dist.get_world_size()
-        counts = torch.zeros(size + 1, dtype=torch.int64, device=collective_device())
-        counts[dist.get_rank()] = commits
+        size, rank = dist.get_world_size(), dist.get_rank()
+        # [commits per rank | how many ask to skip | at_commit per rank]
+        counts = torch.zeros(2 * size + 1, dtype=torch.int64, device=collective_device())
+        counts[rank] = commits
         counts[size] = int(skip_sync)
+        counts[size + 1 + rank] = int(at_commit)
         dist.all_reduce(counts)
         best = int(counts[:size].max().item())
         skip = int(counts[:size].min().item()) == best and int(counts[size].item()) == size
-        return int((counts[:size] == best).nonzero()[0].item()), best, skip
+        source = int((counts[:size] == best).nonzero()[0].item())
+        return source, best, skip, bool(counts[size + 1 + source].item())
 
     def report_failure(self, error: BaseException) -> None:
         """Tell the driver this group failed, so it forms a new one even when no worker died."""

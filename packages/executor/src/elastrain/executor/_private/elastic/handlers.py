@@ -33,6 +33,10 @@ class StateHandler:
     #: whose partitioning depends on the world, like samplers.
     sync_on_every_reset = False
 
+    # Set by TorchState while sync() runs when this worker's committed copy already equals what the source sends
+    # (both at the same commit): built-in handlers then receive into the live object only.
+    _committed_matches_source = False
+
     def __init__(self, value: Any) -> None:
         self.value = value
         self.saved: Any = None
@@ -80,8 +84,12 @@ class ModuleHandler(StateHandler):
         names = list(live)
         saved = dict(self.saved) if isinstance(self.saved, dict) else {}
 
+        keep = self._committed_matches_source
+
         def commit(index: int) -> None:  # each tensor into the committed copy as soon as it arrived
-            saved[names[index]] = copy_into(saved.get(names[index]), live[names[index]])
+            name = names[index]
+            if not (keep and name in saved):
+                saved[name] = copy_into(saved.get(name), live[name])
 
         broadcast_tensors(list(live.values()), source, after=commit)
         self.saved = {name: saved[name] for name in names}
@@ -135,9 +143,14 @@ class OptimizerHandler(StateHandler):
         previous = self.saved["state"] if isinstance(self.saved, dict) else {}
         saved_state = {index: dict(entries) for index, entries in skeleton["state"].items()}
 
+        keep = self._committed_matches_source
+
         def commit(position: int) -> None:  # each tensor into the committed copy as soon as it arrived
             index, key = places[position]
-            saved_state[index][key] = copy_into(previous.get(index, {}).get(key), targets[position])
+            committed = previous.get(index, {}).get(key)
+            saved_state[index][key] = (
+                committed if keep and committed is not None else copy_into(committed, targets[position])
+            )
 
         broadcast_tensors(targets, source, after=commit)
         received = {"state": state, "param_groups": skeleton["param_groups"]}

@@ -70,8 +70,8 @@ def check_host_updates() -> None:
         raise HostsUpdatedInterrupt(skip_sync=update == 1)
 
 
-def commit_counts(commits: int, skip_sync: bool = False) -> tuple[int, int, bool]:
-    return current().commit_counts(commits, skip_sync)
+def commit_counts(commits: int, skip_sync: bool = False, at_commit: bool = False) -> tuple[int, int, bool, bool]:
+    return current().commit_counts(commits, skip_sync, at_commit)
 
 
 def rank() -> int:
@@ -117,7 +117,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     _flush_persistence(state)
                     raise
                 runtime.report_failure(error)
-                state.restore()
+                state._roll_back()
                 skip_sync = False
             runtime.resets += 1
             rejoin = True

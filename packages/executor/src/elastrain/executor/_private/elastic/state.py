@@ -28,6 +28,10 @@ class _Bookkeeping:
     value_names: list[str] = field(default_factory=list)
     saved_values: dict[str, Any] = field(default_factory=dict)
     handlers: dict[str, StateHandler] = field(default_factory=dict)
+    # The live state is the committed copy: set while commit() checks for host updates and by a rollback, cleared
+    # as soon as the training code runs again. A reset raised from a commit finds it set.
+    at_commit: bool = False
+    committed_matches_source: bool = False  # while sync() runs: see _synchronize
 
 
 class State:
@@ -96,7 +100,10 @@ class State:
         persistence = self._book.persistence
         if persistence is not None and runtime.rank() == 0:
             persistence.committed(self)
+        book = self._book
+        book.at_commit = True
         self.check_host_updates()
+        book.at_commit = False  # no reset: the training code goes on from here
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every worker at once when the driver published a new world.
@@ -126,9 +133,15 @@ class State:
         """The part of :meth:`sync` that depends on the world (a sampler's split): run even at a reset that only
         removed workers, when the full sync is skipped. Nothing by default."""
 
+    def _roll_back(self) -> None:
+        """Restore the last commit after a failed collective (the reset that follows syncs every member)."""
+        self.restore()
+        self._book.at_commit = True
+
     def _synchronize(self, *, skip_sync: bool = False) -> None:
         """Make every member of the new world hold one state; the commit count changes only once that worked."""
         book = self._book
+        at_commit, book.at_commit = book.at_commit, False
         persistence = book.persistence
         rank_changed = getattr(persistence, "rank_changed", None)
         if callable(rank_changed):
@@ -136,7 +149,7 @@ class State:
                 rank_changed(runtime.rank())
             except Exception as error:
                 logger.warning("persistence.rank_changed failed (%s); persisting goes on.", error)
-        source, best, skip = runtime.commit_counts(book.commits, skip_sync)
+        source, best, skip, source_at_commit = runtime.commit_counts(book.commits, skip_sync, at_commit)
         if best == 0 and persistence is not None:
             name = broadcast_object(persistence.latest() if runtime.rank() == source else None, source)
             if name is not None:
@@ -148,7 +161,16 @@ class State:
         if skip:
             self.sync_on_every_reset()  # every member kept the same state: only the split changes
         else:
-            self.sync()
+            # Workers that hold the same number of commits trained in lockstep since the sync that gave them
+            # their state, so their committed copies are equal. A worker at its last commit, like the source,
+            # already holds in its committed copy the tensors the source sends (a survivor at a reset raised
+            # from a commit, or after a rollback): it does not copy them again. Its live state is still
+            # overwritten, and any later rollback is followed by a sync, so the members never diverge.
+            book.committed_matches_source = best > 0 and at_commit and source_at_commit and book.commits == best
+            try:
+                self.sync()
+            finally:
+                book.committed_matches_source = False
         self._save_after_sync()
         book.commits = best
 
@@ -254,8 +276,13 @@ class TorchState(ObjectState):
 
     def sync(self) -> None:
         self._check_same_handlers()
+        keep = self._book.committed_matches_source
         for handler in self._book.handlers.values():
-            handler.sync(self.sync_source)
+            handler._committed_matches_source = keep
+            try:
+                handler.sync(self.sync_source)
+            finally:
+                handler._committed_matches_source = False
         super().sync()
 
     def _save_after_sync(self) -> None:
