@@ -184,7 +184,9 @@ def test_a_sync_at_the_last_commit_leaves_the_committed_copy_alone(one_process_g
     state = elastic.TorchState(model, optimizer, step=0)
     train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 2)
     state.save()
-    state._book.commits, state._book.at_commit = 3, True  # as commit() leaves it when a reset interrupts
+    state._book.commits = 3
+    state._book.commit_interrupt = interrupt = elastic.HostsUpdatedInterrupt()
+    state._interrupted(interrupt)  # a reset that commit() raised
     versions = committed_versions(state)
     synchronized(state)
     assert committed_versions(state) == versions
@@ -195,6 +197,27 @@ def test_a_sync_at_the_last_commit_leaves_the_committed_copy_alone(one_process_g
     assert state._book.at_commit
     synchronized(state)
     assert committed_versions(state) == versions
+
+
+def test_only_a_reset_that_commit_raised_counts_as_at_the_commit() -> None:
+    state = elastic.ObjectState(step=0)
+    from_commit, from_training_code = elastic.HostsUpdatedInterrupt(), elastic.HostsUpdatedInterrupt()
+    state._book.commit_interrupt = from_commit
+    state._interrupted(from_training_code)  # the training code caught commit()'s interrupt, trained on, raised
+    assert not state._book.at_commit
+    state._book.commit_interrupt = from_commit
+    state._interrupted(from_commit)
+    assert state._book.at_commit
+
+
+def test_a_committed_tensor_a_reset_reshaped_is_copied_again(one_process_group: None) -> None:
+    model, optimizer, *_ = training_objects()
+    state = elastic.TorchState(model, optimizer, step=0)
+    state._book.commits, state._book.at_commit = 3, True
+    model.half()  # what a reset callback might do: every committed tensor is float32, the live ones float16
+    synchronized(state)
+    saved = state._book.handlers["model"].saved
+    assert all(saved[k].dtype == torch.float16 and torch.equal(saved[k], v) for k, v in model.state_dict().items())
 
 
 def test_a_sync_with_work_since_the_commit_commits_what_it_brought(one_process_group: None) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 import warnings
@@ -276,7 +277,7 @@ class _StoreLock:
         self.uri = uri
 
     def __repr__(self) -> str:
-        return f"StoreLock({self.uri})"
+        return f"StoreLock({re.sub(r'//[^/@]*@', '//', self.uri)})"  # Ray shows it: never credentials in a URI
 
     def holding(self) -> bool:
         return True

@@ -88,7 +88,7 @@ class ModuleHandler(StateHandler):
 
         def commit(index: int) -> None:  # each tensor into the committed copy as soon as it arrived
             name = names[index]
-            if not (keep and name in saved):
+            if not (keep and _same_layout(saved.get(name), live[name])):
                 saved[name] = copy_into(saved.get(name), live[name])
 
         broadcast_tensors(list(live.values()), source, after=commit)
@@ -148,9 +148,9 @@ class OptimizerHandler(StateHandler):
         def commit(position: int) -> None:  # each tensor into the committed copy as soon as it arrived
             index, key = places[position]
             committed = previous.get(index, {}).get(key)
-            saved_state[index][key] = (
-                committed if keep and committed is not None else copy_into(committed, targets[position])
-            )
+            if not (keep and _same_layout(committed, targets[position])):
+                committed = copy_into(committed, targets[position])
+            saved_state[index][key] = committed
 
         broadcast_tensors(targets, source, after=commit)
         received = {"state": state, "param_groups": skeleton["param_groups"]}
@@ -262,6 +262,13 @@ def copy_into(saved: Any, live: Any) -> Any:
         items = [copy_into(previous_items[i] if previous_items else None, item) for i, item in enumerate(live)]
         return items if isinstance(live, list) else type(live)(items)
     return copy.deepcopy(live)
+
+
+def _same_layout(committed: Any, live: Any) -> bool:
+    """Whether a committed tensor can stand for ``live`` (a reset callback may have reshaped or cast it)."""
+    import torch
+
+    return isinstance(committed, torch.Tensor) and committed.shape == live.shape and committed.dtype == live.dtype
 
 
 class _TensorSpec:

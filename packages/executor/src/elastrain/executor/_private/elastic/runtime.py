@@ -106,6 +106,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 _flush_persistence(state)
                 return value
             except HostsUpdatedInterrupt as interrupt:
+                state._interrupted(interrupt)
                 skip_sync = interrupt.skip_sync
                 if not runtime.update_published():
                     # Raised by the training code itself: ask the driver for a new group of the same workers.

@@ -28,9 +28,10 @@ class _Bookkeeping:
     value_names: list[str] = field(default_factory=list)
     saved_values: dict[str, Any] = field(default_factory=dict)
     handlers: dict[str, StateHandler] = field(default_factory=dict)
-    # The live state is the committed copy: set while commit() checks for host updates and by a rollback, cleared
-    # as soon as the training code runs again. A reset raised from a commit finds it set.
+    # The live state is the committed copy: set when a reset starts from an interrupt that commit() raised, or
+    # from a rollback; read and cleared by the sync that follows.
     at_commit: bool = False
+    commit_interrupt: BaseException | None = None  # the HostsUpdatedInterrupt that commit() raised last
     committed_matches_source: bool = False  # while sync() runs: see _synchronize
 
 
@@ -100,10 +101,11 @@ class State:
         persistence = self._book.persistence
         if persistence is not None and runtime.rank() == 0:
             persistence.committed(self)
-        book = self._book
-        book.at_commit = True
-        self.check_host_updates()
-        book.at_commit = False  # no reset: the training code goes on from here
+        try:
+            self.check_host_updates()
+        except runtime.HostsUpdatedInterrupt as interrupt:
+            self._book.commit_interrupt = interrupt  # raised right after the save: the live state is committed
+            raise
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every worker at once when the driver published a new world.
@@ -136,7 +138,13 @@ class State:
     def _roll_back(self) -> None:
         """Restore the last commit after a failed collective (the reset that follows syncs every member)."""
         self.restore()
-        self._book.at_commit = True
+        self._book.at_commit, self._book.commit_interrupt = True, None
+
+    def _interrupted(self, interrupt: BaseException) -> None:
+        """A reset starts from ``interrupt``: the live state is the last commit only if commit() raised it (not
+        the training code, nor a commit whose interrupt the training code caught and then trained on)."""
+        book = self._book
+        book.at_commit, book.commit_interrupt = interrupt is book.commit_interrupt, None
 
     def _synchronize(self, *, skip_sync: bool = False) -> None:
         """Make every member of the new world hold one state; the commit count changes only once that worked."""
@@ -162,10 +170,12 @@ class State:
             self.sync_on_every_reset()  # every member kept the same state: only the split changes
         else:
             # Workers that hold the same number of commits trained in lockstep since the sync that gave them
-            # their state, so their committed copies are equal. A worker at its last commit, like the source,
-            # already holds in its committed copy the tensors the source sends (a survivor at a reset raised
-            # from a commit, or after a rollback): it does not copy them again. Its live state is still
-            # overwritten, and any later rollback is followed by a sync, so the members never diverge.
+            # their state, so their committed copies match (buffers a model updates per rank, like BatchNorm's
+            # running statistics, aside). A worker at its last commit, like the source, already holds in its
+            # committed copy the tensors the source sends (a survivor at a reset raised from a commit, or after
+            # a rollback): it does not copy them again. Its live state is still overwritten, so every member
+            # trains on from one state (with what the reset callbacks changed), and any later rollback is
+            # followed by a full sync, so no difference between committed copies ever reaches training.
             book.committed_matches_source = best > 0 and at_commit and source_at_commit and book.commits == best
             try:
                 self.sync()
