@@ -178,13 +178,23 @@ def synchronized(state: Any) -> None:
         runtime.install(None)
 
 
-def test_a_sync_at_the_last_commit_leaves_the_committed_copy_alone(one_process_group: None) -> None:
-    """A survivor whose reset came from its commit, or after a rollback, already holds what the source sends."""
+def adam_steps(model: Any, optimizer: Any, steps: int) -> None:
+    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), steps)
+
+
+def third_commit_after(steps: int) -> tuple[Any, Any, Any]:
+    """A model and its Adam trained ``steps`` steps, in a TorchState that saved them as its third commit."""
     model, optimizer, *_ = training_objects()
     state = elastic.TorchState(model, optimizer, step=0)
-    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 2)
+    adam_steps(model, optimizer, steps)
     state.save()
     state._book.commits = 3
+    return model, optimizer, state
+
+
+def test_a_sync_at_the_last_commit_leaves_the_committed_copy_alone(one_process_group: None) -> None:
+    """A survivor whose reset came from its commit, or after a rollback, already holds what the source sends."""
+    model, optimizer, state = third_commit_after(2)
     state._book.commit_interrupt = interrupt = elastic.HostsUpdatedInterrupt()
     state._interrupted(interrupt)  # a reset that commit() raised
     versions = committed_versions(state)
@@ -192,7 +202,7 @@ def test_a_sync_at_the_last_commit_leaves_the_committed_copy_alone(one_process_g
     assert committed_versions(state) == versions
     assert state.commit_count == 3
     assert not state._book.at_commit  # the training code runs next
-    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 1)
+    adam_steps(model, optimizer, 1)
     state._roll_back()
     assert state._book.at_commit
     synchronized(state)
@@ -211,9 +221,8 @@ def test_only_a_reset_that_commit_raised_counts_as_at_the_commit() -> None:
 
 
 def test_a_committed_tensor_a_reset_reshaped_is_copied_again(one_process_group: None) -> None:
-    model, optimizer, *_ = training_objects()
-    state = elastic.TorchState(model, optimizer, step=0)
-    state._book.commits, state._book.at_commit = 3, True
+    model, _, state = third_commit_after(0)
+    state._book.at_commit = True
     model.half()  # what a reset callback might do: every committed tensor is float32, the live ones float16
     synchronized(state)
     saved = state._book.handlers["model"].saved
@@ -222,12 +231,8 @@ def test_a_committed_tensor_a_reset_reshaped_is_copied_again(one_process_group: 
 
 def test_a_sync_with_work_since_the_commit_commits_what_it_brought(one_process_group: None) -> None:
     """Interrupted between commits (check_host_updates in the training code), the state synced is committed."""
-    model, optimizer, *_ = training_objects()
-    state = elastic.TorchState(model, optimizer, step=0)
-    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 1)
-    state.save()
-    state._book.commits = 3
-    train_steps(model, [optimizer], torch.optim.lr_scheduler.StepLR(optimizer, 1), 2)  # not committed
+    model, optimizer, state = third_commit_after(1)
+    adam_steps(model, optimizer, 2)  # not committed
     versions = committed_versions(state)
     synchronized(state)
     assert all(after > before for after, before in zip(committed_versions(state), versions, strict=True))
