@@ -76,7 +76,7 @@ def worker() -> dict[str, Any]:
     import torch.distributed as dist
 
     from elastrain.executor import elastic, init_process_group
-    from elastrain.executor._private.elastic import runtime
+    from elastrain.executor._private.elastic.worker import runtime
 
     init_process_group(timeout_s=600)
     torch.set_num_threads(1)

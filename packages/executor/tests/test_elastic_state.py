@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from elastrain.executor import elastic
-from elastrain.executor._private.elastic import runtime
+from elastrain.executor._private.elastic.worker import runtime
 from elastrain.executor._private.elastic.world import make_world
 
 
@@ -378,7 +378,7 @@ def test_a_first_commit_of_a_big_model_faults_in_huge_pages() -> None:
 
 def test_committed_copies_of_unusual_tensors_match_the_originals() -> None:
     """Sparse, strided and small tensors are copied as before (only big dense ones are advised)."""
-    from elastrain.executor._private.elastic.handlers import copy_into
+    from elastrain.executor._private.elastic.worker.handlers import copy_into
 
     big_transposed = torch.randn(1024, 4096).t()  # 16 MiB, not contiguous
     values = {

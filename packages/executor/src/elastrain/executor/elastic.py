@@ -26,8 +26,8 @@ nor Ray.
 
 from typing import TYPE_CHECKING, Any
 
-from elastrain.executor._private.elastic.collectives import broadcast_object, broadcast_tensors
-from elastrain.executor._private.elastic.handlers import (
+from elastrain.executor._private.elastic.worker.collectives import broadcast_object, broadcast_tensors
+from elastrain.executor._private.elastic.worker.handlers import (
     ModuleHandler,
     OptimizerHandler,
     SamplerHandler,
@@ -37,18 +37,18 @@ from elastrain.executor._private.elastic.handlers import (
     get_handler_registry,
     set_handler_registry,
 )
-from elastrain.executor._private.elastic.runtime import (
+from elastrain.executor._private.elastic.worker.runtime import (
     HostsUpdatedInterrupt,
     InternalError,
     check_host_updates,
     run,
 )
-from elastrain.executor._private.elastic.state import ObjectState, State, TorchState
+from elastrain.executor._private.elastic.worker.state import ObjectState, State, TorchState
 from elastrain.executor._private.errors import ElasticJobError
 
 if TYPE_CHECKING:
-    from elastrain.executor._private.elastic.ddp import DistributedDataParallel
-    from elastrain.executor._private.elastic.sampler import ElasticSampler
+    from elastrain.executor._private.elastic.worker.ddp import DistributedDataParallel
+    from elastrain.executor._private.elastic.worker.sampler import ElasticSampler
 
 #: Horovod's name for :class:`InternalError`, so ``except hvd.HorovodInternalError`` ports unchanged.
 HorovodInternalError = InternalError
@@ -82,11 +82,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # These two subclass torch classes: importing them imports torch, which the driver may not need.
     if name == "ElasticSampler":
-        from elastrain.executor._private.elastic.sampler import ElasticSampler
+        from elastrain.executor._private.elastic.worker.sampler import ElasticSampler
 
         return ElasticSampler
     if name == "DistributedDataParallel":
-        from elastrain.executor._private.elastic.ddp import DistributedDataParallel
+        from elastrain.executor._private.elastic.worker.ddp import DistributedDataParallel
 
         return DistributedDataParallel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

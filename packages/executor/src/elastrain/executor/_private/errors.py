@@ -71,6 +71,11 @@ class ExecutorNotStartedError(ExecutorError):
     """A method that needs workers was called before ``start()`` or after ``shutdown()``."""
 
 
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:500] if text else type(error).__name__
+
+
 def worker_actor_died(error: BaseException) -> bool:
     """Whether a failed call means the worker's own actor died, not that its function raised.
 

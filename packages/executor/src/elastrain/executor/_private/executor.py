@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from elastrain.executor._private.backends.base import Backend, resolve_backend
 from elastrain.executor._private.calls import WorkerCalls
 from elastrain.executor._private.context import WorkerContext
-from elastrain.executor._private.elastic.session import ElasticSession
+from elastrain.executor._private.elastic.driver.session import ElasticSession
 
 if TYPE_CHECKING:
-    from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
+    from elastrain.executor._private.elastic.driver.horovod_session import HorovodElasticSession
 from elastrain.executor._private.errors import ExecutorNotStartedError, WorkerDiedError, WorkerError
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.node import NodeInfo
@@ -136,7 +136,7 @@ class RayExecutor:
             if executable_cls is not None:
                 raise NotImplementedError("Elastic jobs take no executable_cls; pass the function to run().")
             if self.backend.name == "horovod":
-                from elastrain.executor._private.elastic.horovod_session import HorovodElasticSession
+                from elastrain.executor._private.elastic.driver.horovod_session import HorovodElasticSession
 
                 self._elastic = HorovodElasticSession(self.options, self.settings, env_vars)
             else:

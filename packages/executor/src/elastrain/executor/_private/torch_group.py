@@ -32,7 +32,7 @@ def init_process_group(backend: str | None = None, *, timeout_s: float | None = 
     ``backend`` and ``timeout_s`` are the job's (``create_settings(collective_timeout_s=...)``).
     """
     torch, dist = _import_torch_distributed()
-    from elastrain.executor._private.elastic import runtime
+    from elastrain.executor._private.elastic.worker import runtime
 
     elastic_job = runtime.current_or_none()
     if elastic_job is not None:

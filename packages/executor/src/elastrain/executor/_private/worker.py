@@ -70,7 +70,7 @@ class Worker:
         sink: Any,
     ) -> tuple[int, int, Any] | None:
         """Run an elastic job's function; ``(generation, rank, result)``, or ``None`` when left out of a group."""
-        from elastrain.executor._private.elastic import runtime
+        from elastrain.executor._private.elastic.worker import runtime
 
         node = self.node_info()
         _WorkerState.context = WorkerContext(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from elastrain.executor._private.context import _WorkerState
-from elastrain.executor._private.elastic.session import discovery_for
+from elastrain.executor._private.elastic.driver.session import discovery_for
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import control_actor_options

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastrain.executor._private.elastic import runtime
-from elastrain.executor._private.elastic.collectives import broadcast_object
-from elastrain.executor._private.elastic.handlers import StateHandler, handler_for
+from elastrain.executor._private.elastic.worker import runtime
+from elastrain.executor._private.elastic.worker.collectives import broadcast_object
+from elastrain.executor._private.elastic.worker.handlers import StateHandler, handler_for
 
 logger = logging.getLogger("elastrain.executor")
 

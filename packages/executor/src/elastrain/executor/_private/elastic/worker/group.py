@@ -18,10 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from elastrain.executor._private.context import _WorkerState
-from elastrain.executor._private.elastic.collectives import collective_device
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
-from elastrain.executor._private.elastic.heartbeat import Heartbeat
+from elastrain.executor._private.elastic.options import ElasticOptions
+from elastrain.executor._private.elastic.worker.collectives import collective_device
+from elastrain.executor._private.elastic.worker.heartbeat import Heartbeat
 from elastrain.executor._private.elastic.world import Member, World
+from elastrain.executor._private.errors import first_line
 from elastrain.executor._private.raylet_watch import watch_raylet
 
 logger = logging.getLogger("elastrain.executor")
@@ -58,16 +60,6 @@ class WorkerRemoved(BaseException):
 
     A ``BaseException``, so that a user's ``except Exception`` around a commit cannot swallow it.
     """
-
-
-@dataclasses.dataclass
-class ElasticOptions:
-    formation_timeout_s: float  # how long forming a group may take once every member arrived (timeout_s)
-    collective_timeout_s: float
-    backend: str | None  # None: gloo on CPU, nccl with GPUs
-    liveness_timeout_s: float = 8.0  # sets the heartbeat's pace; the driver judges silence
-    driver_lease_s: float = 30.0  # a worker stops waiting on a driver that has not polled for this long
-    nics: frozenset[str] | None = None  # interfaces gloo and nccl may use
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -299,11 +291,6 @@ class Runtime:
     def report_failure(self, error: BaseException) -> None:
         """Tell the driver this group failed, so it forms a new one even when no worker died."""
         self.coordinator.report_failure.remote(self.worker_id, self.generation, first_line(error))
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:500] if text else type(error).__name__
 
 
 def _default_backend() -> str:

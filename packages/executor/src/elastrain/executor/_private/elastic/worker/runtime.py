@@ -10,17 +10,17 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from elastrain.executor._private.elastic.group import (
-    ElasticOptions,
+from elastrain.executor._private.elastic.options import ElasticOptions
+from elastrain.executor._private.elastic.worker.group import (
     InternalError,
     Runtime,
     WorkerRemoved,
-    first_line,
     is_collective_failure,
 )
+from elastrain.executor._private.errors import first_line
 
 if TYPE_CHECKING:
-    from elastrain.executor._private.elastic.state import State
+    from elastrain.executor._private.elastic.worker.state import State
 
 T = TypeVar("T")
 logger = logging.getLogger("elastrain.executor")

@@ -19,12 +19,12 @@ from typing import Any
 
 from elastrain.discovery import AllHostsBlacklistedError, HostChange, HostEvent, HostManager, HostManagerStoppedError
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
-from elastrain.executor._private.elastic.group import ElasticOptions, first_line
-from elastrain.executor._private.elastic.policy import WAITING_NOTICE_S, FailurePolicy
-from elastrain.executor._private.elastic.pool import BundleDiscovery, Phase, PoolWorker, WorkerPool
-from elastrain.executor._private.elastic.spares import Spares
+from elastrain.executor._private.elastic.driver.policy import WAITING_NOTICE_S, FailurePolicy
+from elastrain.executor._private.elastic.driver.pool import BundleDiscovery, Phase, PoolWorker, WorkerPool
+from elastrain.executor._private.elastic.driver.spares import Spares
+from elastrain.executor._private.elastic.options import ElasticOptions
 from elastrain.executor._private.elastic.world import World, make_world
-from elastrain.executor._private.errors import ElasticJobError, worker_actor_died, worker_error
+from elastrain.executor._private.errors import ElasticJobError, first_line, worker_actor_died, worker_error
 from elastrain.executor._private.observers import RunWatch, exception_line, worker_record
 from elastrain.executor._private.options import ExecutorOptions
 

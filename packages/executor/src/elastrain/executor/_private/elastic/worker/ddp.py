@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from elastrain.executor._private.elastic import runtime
+from elastrain.executor._private.elastic.worker import runtime
 
 
 class DistributedDataParallel(torch.nn.Module):

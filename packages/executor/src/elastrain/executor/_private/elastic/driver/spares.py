@@ -6,8 +6,8 @@ import logging
 from typing import Any
 
 from elastrain.discovery import HostManager
-from elastrain.executor._private.elastic.policy import FailurePolicy
-from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
+from elastrain.executor._private.elastic.driver.policy import FailurePolicy
+from elastrain.executor._private.elastic.driver.pool import Phase, PoolWorker, WorkerPool
 from elastrain.executor._private.options import ExecutorOptions
 
 logger = logging.getLogger("elastrain.executor")

@@ -12,8 +12,8 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from elastrain.executor._private.elastic.collectives import broadcast_object, broadcast_tensors
-from elastrain.executor._private.elastic.memory import cpu_copy, empty_cpu
+from elastrain.executor._private.elastic.worker.collectives import broadcast_object, broadcast_tensors
+from elastrain.executor._private.elastic.worker.memory import cpu_copy, empty_cpu
 
 
 class StateHandler:
@@ -194,7 +194,7 @@ def get_handler_registry() -> list[tuple[type, type[StateHandler]]]:
     if _registry is None:
         import torch
 
-        from elastrain.executor._private.elastic.sampler import ElasticSampler
+        from elastrain.executor._private.elastic.worker.sampler import ElasticSampler
 
         _registry = [
             (torch.nn.Module, ModuleHandler),

@@ -8,8 +8,8 @@ from typing import Any
 
 from elastrain.discovery import HostDiscovery, HostManager, PlacementGroupHostDiscovery, RayHostDiscovery
 from elastrain.executor._private.elastic.coordinator import Coordinator
-from elastrain.executor._private.elastic.driver import CONTROL_GROUP, ElasticDriver, ElasticStats
-from elastrain.executor._private.elastic.group import ElasticOptions
+from elastrain.executor._private.elastic.driver.shell import CONTROL_GROUP, ElasticDriver, ElasticStats
+from elastrain.executor._private.elastic.options import ElasticOptions
 from elastrain.executor._private.errors import PlacementError
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.observers import RunWatch, run_name, run_record

@@ -7,7 +7,7 @@ import time
 
 from elastrain.discovery import HostManager
 from elastrain.executor._private.elastic.coordinator import CoordinatorReport
-from elastrain.executor._private.elastic.pool import Phase, PoolWorker, WorkerPool
+from elastrain.executor._private.elastic.driver.pool import Phase, PoolWorker, WorkerPool
 from elastrain.executor._private.errors import ElasticJobError
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import node_alive
