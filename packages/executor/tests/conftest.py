@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from elastrain_testutils.ray_testing import local_ray, ship_by_value
+
+# The elastic driver raises on an illegal phase transition here (production logs it and goes on).
+os.environ["ELASTRAIN_STRICT_PROTOCOL"] = "1"
 
 
 @pytest.fixture(scope="module")
@@ -17,3 +22,9 @@ def ray_4_cpus() -> Iterator[None]:
 @pytest.fixture(autouse=True, scope="module")
 def _functions_travel_by_value(request: pytest.FixtureRequest) -> None:
     ship_by_value(request.module)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    model = sys.modules.get("test_driver_core_model")
+    if model is not None and model.COUNTS["sequences"]:
+        terminalreporter.write_line(model.summary())

@@ -1,19 +1,16 @@
-"""The workers of one elastic call: their lifecycle, and how the driver starts and stops them."""
+"""The Ray side of an elastic call's workers: their actors, calls in flight, and how the shell starts and stops them."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import enum
 import functools
-import itertools
 import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from elastrain.executor._private.node import NodeInfo
@@ -34,72 +31,53 @@ class BundleDiscovery(Protocol):
     def bundles_on(self, host_id: str) -> dict[int, int]: ...
 
 
-class Phase(enum.Enum):
-    SPARE = "spare"  # started without a host, for Ray to place the moment a node with room appears
-    STARTING = "starting"  # its actor starts and imports torch (prepare)
-    READY = "ready"  # runs the job's function and waits to be published into a world
-    MEMBER = "member"  # in a published world: it holds committed state
-    LEAVING = "leaving"  # its host went away gracefully: left out of the next world, it stops at its next commit
-    STOPPING = "stopping"  # the driver killed it (evicted, did not start, host lost, call ending)
-
-
 @dataclass
-class PoolWorker:
+class WorkerHandle:
+    """What the shell holds of a worker: its actor, its calls in flight, where it runs."""
+
     worker_id: str
     host_id: str  # "" for a spare until Ray placed it
     actor: Any
     prepare_ref: Any
-    phase: Phase
     node: NodeInfo | None = None  # where it runs, once prepare() answered
     run_ref: Any = None  # its run_elastic call, once started
-    spawned_at: float = field(default_factory=time.monotonic)
     bundle: int | None = None  # its placement group bundle, when the job runs in one
+    holds_bundle: bool = True  # until it is stopped
 
     @property
-    def joined(self) -> bool:
-        """Whether it has been published into a world (so it holds committed state; ranks put it first)."""
-        return self.phase is Phase.MEMBER
-
-    @property
-    def counts(self) -> bool:
-        """Whether it counts towards the job's size (slots, max_workers, min_workers)."""
-        return self.phase in (Phase.STARTING, Phase.READY, Phase.MEMBER)
+    def prepared(self) -> bool:
+        return self.node is not None
 
 
 class WorkerPool:
     """Starts and stops the workers of one call: pinned to a host's node, or, when the job runs in a placement
-    group (``bundles``), to a bundle of that group placed on the host."""
+    group (``bundles``), to a bundle of that group placed on the host. Which phase a worker is in is the driver
+    core's business; the pool only holds handles."""
 
     def __init__(self, options: ExecutorOptions, worker_class: Any, bundles: BundleDiscovery | None = None) -> None:
         self.options = options
         self.worker_class = worker_class
         self.bundles = bundles
-        self._ids = itertools.count()
-        self._workers: dict[str, PoolWorker] = {}
+        self._workers: dict[str, WorkerHandle] = {}
         self._retired: list[Any] = []  # handles of workers no longer tracked, killed when the call ends
         self._lock = threading.Lock()  # shutdown() may kill everything from another thread
         self._killer_nodes: set[str] = set()
 
-    def __iter__(self) -> Iterator[PoolWorker]:
+    def __iter__(self) -> Iterator[WorkerHandle]:
         return iter(list(self._workers.values()))
 
-    def get(self, worker_id: str) -> PoolWorker | None:
+    def get(self, worker_id: str) -> WorkerHandle | None:
         return self._workers.get(worker_id)
 
-    def counted(self) -> list[PoolWorker]:
-        return [w for w in self if w.counts]
-
-    def in_phase(self, *phases: Phase) -> list[PoolWorker]:
-        return [w for w in self if w.phase in phases]
-
-    def spawn(self, host_id: str) -> PoolWorker:
+    def spawn(self, worker_id: str, host_id: str) -> WorkerHandle:
+        """Start a worker pinned to ``host_id``, or a spare for Ray to place (``host_id`` "")."""
+        if not host_id:
+            return self._start(worker_id, "")
         if self.bundles is None:
-            worker = self._start(host_id, Phase.STARTING, **pin_to_host(host_id))
-        else:
-            bundle = self._free_bundle(self.bundles, host_id)
-            worker = self._start(host_id, Phase.STARTING, **_in_bundle(self.bundles, bundle))
-            worker.bundle = bundle
-        logger.info("Starting worker %s on host %s.", worker.worker_id, host_id)
+            return self._start(worker_id, host_id, **pin_to_host(host_id))
+        bundle = self._free_bundle(self.bundles, host_id)
+        worker = self._start(worker_id, host_id, **_in_bundle(self.bundles, bundle))
+        worker.bundle = bundle
         return worker
 
     def _free_bundle(self, bundles: BundleDiscovery, host_id: str) -> int:
@@ -109,21 +87,15 @@ class WorkerPool:
         on_host = bundles.bundles_on(host_id)
         if not on_host:
             raise RuntimeError(f"No bundle of the job's placement group is on host {host_id} any more.")
-        holding = (Phase.STARTING, Phase.READY, Phase.MEMBER, Phase.LEAVING)  # a leaving worker holds its place
-        taken = collections.Counter(w.bundle for w in self.in_phase(*holding) if w.bundle is not None)
+        taken = collections.Counter(w.bundle for w in self if w.bundle is not None and w.holds_bundle)
         return max(sorted(on_host), key=lambda index: on_host[index] - taken[index])
 
-    def spawn_spare(self) -> PoolWorker:
-        worker = self._start("", Phase.SPARE)
-        logger.debug("Keeping spare worker %s for a node that may join.", worker.worker_id)
-        return worker
-
-    def stop(self, worker: PoolWorker, *, unresponsive: bool = False) -> None:
+    def stop(self, worker: WorkerHandle, *, unresponsive: bool = False) -> None:
         """Kill ``worker``. One that does not answer (stopped, hung) is also SIGKILLed on its node: Ray's own kill
         waits seconds for a stopped process, and its peers' collectives fail only once its sockets close."""
         import ray
 
-        worker.phase = Phase.STOPPING
+        worker.holds_bundle = False
         if unresponsive and worker.node is not None:
             with contextlib.suppress(Exception):  # its node is gone: nothing left to kill there
                 _kill_on_node(worker.node.node_id, worker.node.pid)
@@ -141,7 +113,7 @@ class WorkerPool:
         with contextlib.suppress(Exception):  # only a head start
             _kill_on_node(node.node_id, 0)
 
-    def forget(self, worker: PoolWorker) -> None:
+    def forget(self, worker: WorkerHandle) -> None:
         with self._lock:
             self._workers.pop(worker.worker_id, None)
             # Killed when the call ends even if its process still runs: a handle kept alive elsewhere (say, by an
@@ -154,21 +126,19 @@ class WorkerPool:
 
         with self._lock:
             actors = [w.actor for w in self._workers.values()] + self._retired
-            for worker in self._workers.values():
-                worker.phase = Phase.STOPPING
             self._workers.clear()
             self._retired = []
         for actor in actors:
             with contextlib.suppress(Exception):  # already gone: nothing to stop
                 ray.kill(actor, no_restart=True)
 
-    def _start(self, host_id: str, phase: Phase, **placement: Any) -> PoolWorker:
+    def _start(self, worker_id: str, host_id: str, **placement: Any) -> WorkerHandle:
         actor = self.worker_class.options(
             num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0, **placement
         ).remote()
-        worker = PoolWorker(f"w{next(self._ids)}", host_id, actor, actor.prepare.remote(*_PRELOADED), phase)
+        worker = WorkerHandle(worker_id, host_id, actor, actor.prepare.remote(*_PRELOADED))
         with self._lock:
-            self._workers[worker.worker_id] = worker
+            self._workers[worker_id] = worker
         return worker
 
 

@@ -1,0 +1,65 @@
+"""The driver core's record of its workers: who they are, where, and in which phase of their lifecycle."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from elastrain.executor._private.elastic.driver.lifecycle import COUNTED, HOLDING, WorkerPhase, move
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    host_id: str  # "" for a spare until Ray placed it
+    phase: WorkerPhase
+    spawned_at: float
+    node_id: str | None = None  # where it runs, once it is prepared
+
+    @property
+    def joined(self) -> bool:
+        """Whether it was published into a group (so it holds committed state; ranks put it first)."""
+        return self.phase is WorkerPhase.MEMBER
+
+    @property
+    def counts(self) -> bool:
+        return self.phase in COUNTED
+
+
+class Roster:
+    """Every worker the current call started and has not forgotten, in the order they were started."""
+
+    def __init__(self, *, strict: bool) -> None:
+        self.strict = strict
+        self._ids = itertools.count()
+        self._workers: dict[str, WorkerRecord] = {}
+
+    def __iter__(self) -> Iterator[WorkerRecord]:
+        return iter(list(self._workers.values()))
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        return self._workers.get(worker_id)
+
+    def add(self, host_id: str, phase: WorkerPhase, now: float) -> WorkerRecord:
+        worker = WorkerRecord(f"w{next(self._ids)}", host_id, phase, now)
+        self._workers[worker.worker_id] = worker
+        return worker
+
+    def move(self, worker: WorkerRecord, phase: WorkerPhase) -> None:
+        worker.phase = move(worker.phase, phase, what=f"worker {worker.worker_id}", strict=self.strict)
+        if phase is WorkerPhase.GONE:
+            self._workers.pop(worker.worker_id, None)
+
+    def in_phase(self, *phases: WorkerPhase) -> list[WorkerRecord]:
+        return [w for w in self._workers.values() if w.phase in phases]
+
+    def counted(self) -> list[WorkerRecord]:
+        return [w for w in self._workers.values() if w.phase in COUNTED]
+
+    def holding(self, host_id: str) -> int:
+        """How many workers hold a slot on ``host_id``."""
+        return sum(1 for w in self._workers.values() if w.host_id == host_id and w.phase in HOLDING)
