@@ -426,6 +426,21 @@ def bench_report(session: nox.Session) -> None:
 @discards_venv_in_ci
 def integration(session: nox.Session, scenario: str) -> None:
     """One scenario of integration/scenarios.toml, in a venv holding only the packages it names."""
+    run_scenario(session, scenario)
+
+
+@nox.session(python=PYTHON)
+def fault_matrix(session: nox.Session) -> None:
+    """The fault matrix in full: every fault point x role x {crash, freeze} and the cascades (CI's
+    `integration(fault-matrix)` runs the cascades and a rotating seeded few; see integration/README.md)."""
+    run_scenario(session, "fault-matrix", env={"ELASTRAIN_FAULT_MATRIX": "full"}, report="fault-matrix-full")
+
+
+def run_scenario(
+    session: nox.Session, scenario: str, env: dict[str, str] | None = None, report: str | None = None
+) -> None:
+    """Install what ``scenario`` names and run its tests, with ``env`` on top of its own; ``report``: the name of
+    its JUnit report in .ci-results/ (``integration-<scenario>`` by default)."""
     spec = SCENARIOS[scenario]
     install_packages(session, *spec["packages"], extras={k: tuple(v) for k, v in spec.get("extras", {}).items()})
     session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *spec.get("requirements", ()))
@@ -438,9 +453,9 @@ def integration(session: nox.Session, scenario: str) -> None:
         "-m",
         "pytest",
         spec["tests"],
-        f"--junitxml={RESULTS / f'integration-{scenario}.xml'}",
+        f"--junitxml={RESULTS / ((report or f'integration-{scenario}') + '.xml')}",
         *session.posargs,
-        env={**RAY_ENV, **spec.get("env", {})},
+        env={**RAY_ENV, **spec.get("env", {}), **(env or {})},
     )
 
 
@@ -509,6 +524,10 @@ def ci_summary(session: nox.Session) -> None:
             totals["passed"] += tests_run - skipped - failed
             totals["failed"] += failed
             totals["skipped"] += skipped
+            # A suite's own counts (the fault matrix: cases run of how many, and their outcomes).
+            for summary in suite.iter("property"):
+                if summary.get("name") == "ci_summary":
+                    print(f"ci: {summary.get('value')}", flush=True)
     times_file = RESULTS / "times.jsonl"
     if times_file.is_file():
         rows = [json.loads(line) for line in times_file.read_text().splitlines() if line.strip()]
