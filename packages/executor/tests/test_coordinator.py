@@ -1,4 +1,5 @@
-"""The rendezvous actor wakes the driver as soon as a worker reports a failed group (its pending call answers).
+"""The rendezvous actor wakes the driver as soon as a worker reports a failed group (its pending call answers),
+keeps the job's commit high-water mark for every arriving member, and hands the driver the run's events.
 
 The actor's class is driven on an event loop of the test's own, as Ray drives the async actor.
 """
@@ -8,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from elastrain.discovery import assign_slots
 from elastrain.executor._private.elastic.coordinator import Coordinator
+from elastrain.executor._private.elastic.world import Member, World
 
 
 def test_a_reported_failure_answers_the_pending_watch_at_once() -> None:
@@ -34,5 +37,46 @@ def test_a_failure_reported_before_the_watch_answers_it_at_once() -> None:
         coordinator = Coordinator()
         await coordinator.report_failure("w2", 3, "connection reset")
         assert await asyncio.wait_for(coordinator.failure_reported(30.0), 5.0) is True
+
+    asyncio.run(scenario())
+
+
+def world_of(generation: int, *worker_ids: str) -> World:
+    slots = assign_slots({"host-1": len(worker_ids)}, len(worker_ids))
+    return World(generation, tuple(Member(w, slot, 0, 1) for w, slot in zip(worker_ids, slots, strict=True)))
+
+
+def test_every_member_learns_the_jobs_commit_high_water_mark_with_its_arrival() -> None:
+    """The last holder of the state reports its count as it arrives; a newcomer arriving with it learns the count,
+    and so does a newcomer of the next world after the holder died."""
+
+    async def scenario() -> None:
+        coordinator = Coordinator()
+        await coordinator.beat("w1", 4)  # counts also come with beats
+        await coordinator.publish(world_of(3, "w1", "w2"))
+        holder = asyncio.ensure_future(coordinator.arrive(3, "w1", 5.0, commits=7))
+        newcomer = await coordinator.arrive(3, "w2", 5.0, commits=0)
+        assert (newcomer.value, newcomer.high_water) == (True, 7)
+        assert (await holder).high_water == 7
+        await coordinator.beat("w2", 0)  # a lower count never lowers the mark
+        await coordinator.publish(world_of(4, "w2"))
+        alone = await coordinator.arrive(4, "w2", 5.0, commits=0)
+        assert (alone.value, alone.high_water) == (True, 7)
+        await coordinator.restart_high_water()  # the workers started over, as the user allowed
+        assert await coordinator.high_water() == 0
+
+    asyncio.run(scenario())
+
+
+def test_run_events_reach_the_next_poll_once() -> None:
+    async def scenario() -> None:
+        coordinator = Coordinator()
+        fields = {"generation": 4, "lost_commits": 7}
+        await coordinator.report_event("w2", "state_lost_start_over", fields)
+        fields["generation"] = 5  # the actor keeps its own copy
+        report = await coordinator.poll(8.0)
+        assert report.events == [("w2", "state_lost_start_over", {"generation": 4, "lost_commits": 7})]
+        assert report.failures == []
+        assert (await coordinator.poll(8.0)).events == []
 
     asyncio.run(scenario())

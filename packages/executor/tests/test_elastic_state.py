@@ -163,11 +163,15 @@ def test_sync_on_one_rank_keeps_everything(one_process_group: None) -> None:
     assert state.commit_count == 0
 
 
-def committed_versions(state: Any) -> list[int]:
-    """How often each committed tensor was written (a copy into it counts)."""
+def committed_tensors(state: Any) -> list[torch.Tensor]:
     saved = [state._book.handlers[name].saved for name in ("model", "optimizer")]
     tensors = list(saved[0].values()) + [t for entry in saved[1]["state"].values() for t in entry.values()]
-    return [t._version for t in tensors if isinstance(t, torch.Tensor)]
+    return [t for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def committed_versions(state: Any) -> list[int]:
+    """How often each committed tensor was written (a copy into it counts)."""
+    return [t._version for t in committed_tensors(state)]
 
 
 def synchronized(state: Any) -> None:
@@ -233,9 +237,13 @@ def test_a_sync_with_work_since_the_commit_commits_what_it_brought(one_process_g
     """Interrupted between commits (check_host_updates in the training code), the state synced is committed."""
     model, optimizer, state = third_commit_after(1)
     adam_steps(model, optimizer, 2)  # not committed
+    before = committed_tensors(state)
     versions = committed_versions(state)
     synchronized(state)
-    assert all(after > before for after, before in zip(committed_versions(state), versions, strict=True))
+    # A fresh committed copy, swapped in whole: the old buffers were never written (a sync that failed
+    # partway would have left them as they were).
+    assert [t._version for t in before] == versions
+    assert not {id(t) for t in committed_tensors(state)} & {id(t) for t in before}
     saved = state._book.handlers["model"].saved
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
     state.restore()  # rolls back to what the sync committed, not to the commit before it

@@ -36,6 +36,13 @@ class ExecutorSettings:
     worker before discovery's next poll; like Ray Train's elastic mode, the pending request also tells an
     autoscaler that the job could use one more worker).
 
+    ``start_over_on_state_loss``: when every worker that held the committed state died (say the last survivor
+    of a crash dies while it syncs its replacement) and nothing persisted it, an elastic job fails with
+    ``ElasticJobError``, as going on would silently train from the initial state. Set it to True to have the
+    workers start over from their initial state instead (they log a warning and the run records a
+    ``state_lost_start_over`` event). Persisting the state (``state.persist_with(...)``) resumes from the latest
+    copy either way.
+
     ``ssh_identity_file`` and ``ssh_str`` exist for compatibility with Horovod's settings and are unused: Ray
     starts the workers, not ssh.
     """
@@ -51,6 +58,7 @@ class ExecutorSettings:
     collective_timeout_s: float = 600.0
     spare_worker: bool = True
     liveness_timeout_s: float = 8.0
+    start_over_on_state_loss: bool = False
 
 
 def create_settings(
@@ -65,6 +73,7 @@ def create_settings(
     collective_timeout_s: float = 600.0,
     spare_worker: bool = True,
     liveness_timeout_s: float = 8.0,
+    start_over_on_state_loss: bool = False,
     **unknown: object,
 ) -> ExecutorSettings:
     if unknown:
@@ -81,6 +90,8 @@ def create_settings(
         )
     if not isinstance(spare_worker, bool):
         raise ValueError(f"spare_worker must be True or False, got {spare_worker!r}.")
+    if not isinstance(start_over_on_state_loss, bool):
+        raise ValueError(f"start_over_on_state_loss must be True or False, got {start_over_on_state_loss!r}.")
     if isinstance(nics, str):
         raise ValueError(f"nics must be a set of interface names such as {{{nics!r}}}, not a string.")
     nic_set = None if nics is None else frozenset(nics)
@@ -98,6 +109,7 @@ def create_settings(
         collective_timeout_s=collective_timeout_s,
         spare_worker=spare_worker,
         liveness_timeout_s=liveness_timeout_s,
+        start_over_on_state_loss=start_over_on_state_loss,
     )
 
 

@@ -3,6 +3,10 @@
 Workers cannot call the driver process, so this small async actor (zero CPU) sits between them. Every wait in it
 is one short chunk, bounded by the caller; a caller waits chunk after chunk only while the driver keeps polling
 (its lease), so a worker never waits on a driver that stopped answering for longer than that lease.
+
+It also keeps the job's commit high-water mark: the most commits any worker's state was known to hold (workers
+tell it when they arrive and with every beat). It outlives every worker, so a world whose members hold no
+commits can tell a fresh job from one whose committed state died with its last holders.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class WaitResult:
 
     value: object
     driver_silent_s: float  # seconds since the driver last polled: the worker's lease check
+    high_water: int = 0  # the job's commit high-water mark when the answer was made
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,10 @@ class CoordinatorReport:
     # The current world while some of its members have not arrived: (generation, seconds since published,
     # the members still missing).
     missing: tuple[int, float, tuple[str, ...]] | None = None
+    # Run events workers reported since the last poll, in order: (worker, kind, fields). Kinds:
+    # "state_lost_start_over" and "state_resumed_from_persistence" (fields: generation, commits, high_water,
+    # lost_commits, as the kind has them).
+    events: list[tuple[str, str, dict[str, object]]] = field(default_factory=list)
 
 
 class Coordinator:
@@ -49,6 +58,8 @@ class Coordinator:
         self._failures: list[tuple[str, int, str]] = []
         self._beats: dict[str, float] = {}  # worker id → when it last beat (this process's monotonic clock)
         self._driver_seen = time.monotonic()
+        self._high_water = 0  # the most commits any worker reported
+        self._events: list[tuple[str, str, dict[str, object]]] = []
 
     # -- driver side -----------------------------------------------------------------------------------------
 
@@ -71,6 +82,7 @@ class Coordinator:
         now = time.monotonic()
         self._driver_seen = now
         failures, self._failures = self._failures, []
+        events, self._events = self._events, []
         silent = {w: now - t for w, t in self._beats.items() if now - t > liveness_timeout_s}
         missing = None
         world = self._world
@@ -78,7 +90,7 @@ class Coordinator:
             arrived = self._arrived.get(world.generation, set())
             absent = tuple(m.worker_id for m in world.members if m.worker_id not in arrived)
             missing = (world.generation, now - self._published_at, absent)
-        return CoordinatorReport(failures, silent, missing)
+        return CoordinatorReport(failures, silent, missing, events)
 
     async def failure_reported(self, timeout_s: float) -> bool:
         """Whether a failure waits for the driver's next poll: answers as soon as one is reported, else after
@@ -95,8 +107,21 @@ class Coordinator:
 
     # -- worker side -----------------------------------------------------------------------------------------
 
-    async def beat(self, worker_id: str) -> None:
+    async def beat(self, worker_id: str, commits: int = 0) -> None:
         self._beats[worker_id] = time.monotonic()
+        self._high_water = max(self._high_water, commits)
+
+    async def high_water(self) -> int:
+        """The job's commit high-water mark."""
+        return self._high_water
+
+    async def restart_high_water(self) -> None:
+        """The job's state started over from its initial state (the user's choice when it was lost)."""
+        self._high_water = 0
+
+    async def report_event(self, worker_id: str, kind: str, fields: dict[str, object]) -> None:
+        """A run event for the driver's next poll (``CoordinatorReport.events``)."""
+        self._events.append((worker_id, kind, dict(fields)))
 
     async def join(self, worker_id: str, after_generation: int, timeout_s: float) -> WaitResult:
         """The first world newer than ``after_generation`` that concerns the worker: its next group.
@@ -117,16 +142,19 @@ class Coordinator:
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
             return WaitResult(self._world if ready() else None, self._driver_silent())
 
-    async def arrive(self, generation: int, worker_id: str, timeout_s: float) -> WaitResult:
+    async def arrive(self, generation: int, worker_id: str, timeout_s: float, commits: int = 0) -> WaitResult:
         """Wait until every member of world ``generation`` arrived: ``value`` True. False when that world was
         replaced by a newer one (a member died or more workers came): the caller joins the next world. None
         when neither happened within ``timeout_s``: the caller waits again (it stays counted as arrived).
+        ``commits``: how many commits the caller's state holds; every answer carries the job's high-water mark,
+        which, once every member arrived, includes every member's count.
 
         Forming a torch process group blocks until all ranks connect; this barrier makes sure they all come
         before anyone blocks there, so a worker never waits for peers who went on to a newer world. Survivors
         arrive at their next commit, which may be far off; how long a member may stay away is the driver's call.
         """
         async with self._changed:
+            self._high_water = max(self._high_water, commits)
             arrived = self._arrived.setdefault(generation, set())
             arrived.add(worker_id)
             world = self._world
@@ -141,11 +169,11 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(settled), timeout_s)
             if generation in self._complete:
-                return WaitResult(True, self._driver_silent())
+                return WaitResult(True, self._driver_silent(), self._high_water)
             if settled():
                 arrived.discard(worker_id)  # gone from this generation: it must not count as present
-                return WaitResult(False, self._driver_silent())
-            return WaitResult(None, self._driver_silent())
+                return WaitResult(False, self._driver_silent(), self._high_water)
+            return WaitResult(None, self._driver_silent(), self._high_water)
 
     async def newer_world(self, generation: int) -> tuple[str, ...] | None:
         """The member ids of the published world when it is newer than ``generation``; None when it is not."""

@@ -130,6 +130,7 @@ class ElasticSession:
                 backend=None,
                 liveness_timeout_s=self.settings.liveness_timeout_s,
                 nics=self.settings.nics,
+                start_over_on_state_loss=self.settings.start_over_on_state_loss,
             ),
             startup_grace_s=self.settings.timeout_s,
             spare_worker=self.settings.spare_worker and self.options.override_discovery and self.bundles is None,

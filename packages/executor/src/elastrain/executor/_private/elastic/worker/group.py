@@ -7,9 +7,7 @@ driver's call, which it makes from heartbeats and arrivals (see ``driver.py``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import functools
 import logging
 import os
@@ -21,7 +19,10 @@ from elastrain.executor._private.context import _WorkerState
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
 from elastrain.executor._private.elastic.options import ElasticOptions
 from elastrain.executor._private.elastic.worker.collectives import collective_device
+from elastrain.executor._private.elastic.worker.faults import fault_point
 from elastrain.executor._private.elastic.worker.heartbeat import Heartbeat
+from elastrain.executor._private.elastic.worker.process_group import ProcessGroup, close_default_group
+from elastrain.executor._private.elastic.worker.reset import ResetPlan, gather_counts, plan_reset
 from elastrain.executor._private.elastic.world import Member, World
 from elastrain.executor._private.errors import first_line
 from elastrain.executor._private.raylet_watch import watch_raylet
@@ -85,9 +86,12 @@ class Runtime:
         self.options = options
         self.world: World | None = None
         self.member: Member | None = None
-        self._store: Any = None
+        self._group: ProcessGroup | None = None
         self._heartbeat: Heartbeat | None = None
         self.resets = 0
+        self.role = "newcomer"  # what the fault points see (faults.py); set by the state at each reset
+        self.commits = 0  # commits this worker's state holds, told to the rendezvous actor (arrival, heartbeat)
+        self.high_water = 0  # the most commits the job reached, as the rendezvous actor knew at the last arrival
         # Objects bound to the current process group (elastic DistributedDataParallel): re-bound to every new
         # group, and released before a group is left so the old group really closes.
         self._group_users: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -95,7 +99,9 @@ class Runtime:
     def start(self) -> Runtime:
         """Start beating and set the collective backends' environment (before any group exists)."""
         _set_backend_environment(self.options)
-        self._heartbeat = Heartbeat(self.coordinator, self.worker_id, self.options.liveness_timeout_s).start()
+        self._heartbeat = Heartbeat(
+            self.coordinator, self.worker_id, self.options.liveness_timeout_s, lambda: self.commits
+        ).start()
         watch_raylet()
         return self
 
@@ -123,6 +129,7 @@ class Runtime:
             self.world, self.member = world, member
             if member is None:
                 raise WorkerRemoved
+            fault_point("join")
             try:
                 self._form_group(world, member)
                 return
@@ -131,8 +138,9 @@ class Runtime:
                 if not (is_collective_failure(error) or isinstance(error, TimeoutError)):
                     raise
 
-    def _wait_on_driver(self, call: Callable[[float], Any], what: str) -> Any:
-        """Repeat a chunked wait on the rendezvous actor until it yields a value, while the driver's lease holds."""
+    def _wait_on_driver(self, call: Callable[[float], Any], what: str, whole: bool = False) -> Any:
+        """Repeat a chunked wait on the rendezvous actor until it yields a value, while the driver's lease holds;
+        that value, or with ``whole`` the answer that carried it."""
         import ray
 
         lease = self.options.driver_lease_s
@@ -145,7 +153,7 @@ class Runtime:
                     f"{_WAIT_CHUNK_S + lease:.0f} s."
                 ) from None
             if result.value is not None:
-                return result.value
+                return result if whole else result.value
             if result.driver_silent_s > lease:
                 raise TimeoutError(
                     f"Worker {self.worker_id} waited for {what}, but the job's driver has not polled for "
@@ -153,40 +161,19 @@ class Runtime:
                 )
 
     def _form_group(self, world: World, member: Member) -> None:
-        import ray
-        import torch.distributed as dist
-
         generation = world.generation
-        arrived = self._wait_on_driver(
-            functools.partial(self.coordinator.arrive.remote, generation, self.worker_id),
-            f"every member of group {generation} to arrive",
-        )
-        if not arrived:
+        arrival = functools.partial(self.coordinator.arrive.remote, generation, self.worker_id, commits=self.commits)
+        arrived = self._wait_on_driver(arrival, f"every member of group {generation} to arrive", whole=True)
+        if not arrived.value:
             raise TimeoutError(f"Group {generation} was replaced before every member arrived.")
-        timeout = datetime.timedelta(seconds=self.options.formation_timeout_s)
-        rank, size = member.slot.rank, world.size
-        node_ip = ray.util.get_node_ip_address()
-        if rank == 0:
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                node_ip, 0, size, is_master=True, wait_for_workers=False, timeout=timeout
-            )
-            ray.get(self.coordinator.set_store.remote(generation, node_ip, self._store.port), timeout=CONTROL_TIMEOUT_S)
-            master = (node_ip, self._store.port)
-        else:
-            wait_s = self.options.formation_timeout_s
-            found = ray.get(self.coordinator.get_store.remote(generation, wait_s), timeout=wait_s + CONTROL_TIMEOUT_S)
-            if found is None:
-                raise TimeoutError(f"Rank 0 of group {generation} never published its store.")
-            master = found
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                master[0], master[1], size, is_master=False, timeout=timeout
-            )
-        dist.init_process_group(
+        self.high_water = max(self.high_water, arrived.high_water)
+        fault_point("pg_init")
+        self._group = ProcessGroup(generation, member.slot.rank, world.size)
+        master = self._group.form(
+            self.coordinator,
             self.options.backend or _default_backend(),
-            store=self._store,
-            rank=rank,
-            world_size=size,
-            timeout=datetime.timedelta(seconds=self.options.collective_timeout_s),
+            self.options.formation_timeout_s,
+            self.options.collective_timeout_s,
         )
         self._publish_context(world, member, master)
         for user in list(self._group_users):
@@ -221,19 +208,13 @@ class Runtime:
             )
 
     def _leave_group(self) -> None:
-        import torch.distributed as dist
-
         for user in list(self._group_users):
             user.unbind()
-        if dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                # Destroying a communicator whose peer is gone can hang; an aborted one is destroyed at once.
-                with contextlib.suppress(Exception):
-                    dist.distributed_c10d._abort_process_group()
-            # A group whose peers died may not shut down cleanly; it is dropped either way.
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-        self._store = None
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+        else:  # a group the job formed some other way (tests, benchmarks) is left the same way
+            close_default_group()
 
     def close(self) -> None:
         if self._heartbeat is not None:
@@ -262,31 +243,25 @@ class Runtime:
 
         return ray.get(self.coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S) is not None
 
-    def commit_counts(
-        self, commits: int, skip_sync: bool = False, at_commit: bool = False
-    ) -> tuple[int, int, bool, bool]:
-        """The rank whose state is newest (most commits; the lowest such rank), its count, whether the full sync
-        may be skipped (every rank asked to skip it and holds that count), and whether that rank's live state is
-        its last commit (``at_commit``: nothing but the reset callbacks ran since it committed or rolled back).
+    def plan_reset(self, commits: int, skip_sync: bool, at_commit: bool, persists: bool) -> ResetPlan:
+        """This member's plan for the reset of its world, from one all-reduce over every member."""
+        rank, counts = gather_counts(commits, skip_sync, at_commit, persists, self.high_water)
+        return plan_reset(counts, rank, self.generation, commits, at_commit, self.start_over_on_state_loss)
 
-        Decided by the workers themselves, so a newcomer, or a worker that was published into a group but never
-        received state, can never overwrite a survivor's progress; and a worker that rolled back (its peers'
-        interrupt reached it as a failed collective) never keeps its older state beside theirs.
-        """
-        import torch
-        import torch.distributed as dist
+    @property
+    def start_over_on_state_loss(self) -> bool:
+        return bool(getattr(self.options, "start_over_on_state_loss", False))  # tests run without options
 
-        size, rank = dist.get_world_size(), dist.get_rank()
-        # [commits per rank | how many ask to skip | at_commit per rank]
-        counts = torch.zeros(2 * size + 1, dtype=torch.int64, device=collective_device())
-        counts[rank] = commits
-        counts[size] = int(skip_sync)
-        counts[size + 1 + rank] = int(at_commit)
-        dist.all_reduce(counts)
-        best = int(counts[:size].max().item())
-        skip = int(counts[:size].min().item()) == best and int(counts[size].item()) == size
-        source = int((counts[:size] == best).nonzero()[0].item())
-        return source, best, skip, bool(counts[size + 1 + source].item())
+    def state_started_over(self) -> None:
+        """The job's state starts over from zero commits: so does its high-water mark."""
+        self.high_water = self.commits = 0
+        if self.coordinator is not None:
+            self.coordinator.restart_high_water.remote()
+
+    def report_event(self, kind: str, fields: dict[str, Any]) -> None:
+        """An event of the run for the driver to hand to its observers (fire and forget)."""
+        if self.coordinator is not None:
+            self.coordinator.report_event.remote(self.worker_id, kind, fields)
 
     def report_failure(self, error: BaseException) -> None:
         """Tell the driver this group failed, so it forms a new one even when no worker died."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from elastrain.executor._private.elastic.worker.collectives import broadcast_object, broadcast_tensors
 from elastrain.executor._private.elastic.worker.memory import cpu_copy, empty_cpu
+from elastrain.executor._private.elastic.worker.reset import ResetPlan
 
 
 class StateHandler:
@@ -23,19 +24,27 @@ class StateHandler:
     :func:`elastic.broadcast_object <elastrain.executor.elastic.broadcast_object>` and
     :func:`elastic.broadcast_tensors <elastrain.executor.elastic.broadcast_tensors>`). ``snapshot`` and
     ``load_snapshot`` carry the committed copy to persistence; the defaults copy ``saved`` out and set it.
+
+    At a reset ``TorchState`` calls :meth:`sync_at_reset` with the reset's plan (the source, this rank's role in
+    the sync, whether its committed copy already holds what the source sends); the default calls
+    ``sync(plan.source)``, and the state commits what the sync brought only once every handler's sync
+    succeeded. Override it to use the plan; leave ``saved`` alone there and put the new committed copy in
+    :meth:`stage`, so that a sync that fails partway leaves the committed copy as it was.
     """
 
     #: Set by ``sync`` when it also left ``saved`` equal to the synced value (the commit that follows a sync then
-    #: skips this handler); built-in handlers do, overlapping the copy with the transfer.
+    #: skips this handler). Built-in handlers stage their committed copy instead (:meth:`stage`).
     saved_by_sync = False
 
     #: Also sync at a reset that only removed workers (``HostsUpdatedInterrupt(skip_sync=True)``): for objects
     #: whose partitioning depends on the world, like samplers.
     sync_on_every_reset = False
 
-    # Set by TorchState while sync() runs when this worker's committed copy already equals what the source sends
-    # (both at the same commit): built-in handlers then receive into the live object only.
-    _committed_matches_source = False
+    #: Whether ``sync_at_reset`` counts its own units of transfer (``plan.progress``); else the state counts
+    #: the whole sync as one.
+    counts_units = False
+
+    _staged: Any = None  # the committed copy a sync at a reset made, swapped in once the whole sync succeeded
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -50,6 +59,32 @@ class StateHandler:
 
     def sync(self, source: int) -> None:
         raise NotImplementedError
+
+    def sync_at_reset(self, plan: ResetPlan) -> None:
+        """The sync a reset runs (see the class); by default ``sync(plan.source)``."""
+        self.sync(plan.source)
+
+    def stage(self, committed: Any) -> None:
+        """Make ``committed`` this handler's committed copy once the reset's whole sync succeeded."""
+        self._staged = committed
+
+    def _sync_planned(self, plan: ResetPlan) -> None:
+        """``sync_at_reset(plan)``, unless a subclass overrode ``sync`` below the class that defines
+        ``sync_at_reset`` (a user's subclass of a built-in handler): its own ``sync`` then runs."""
+        mro = type(self).__mro__
+        sync_from = next(c for c in mro if "sync" in c.__dict__)
+        plan_from = next(c for c in mro if "sync_at_reset" in c.__dict__)
+        if sync_from is not plan_from and issubclass(sync_from, plan_from):
+            self.sync(plan.source)
+        else:
+            self.sync_at_reset(plan)
+
+    def _adopt_staged(self) -> bool:
+        """Swap the staged committed copy in; False when there was none."""
+        if self._staged is None:
+            return False
+        self.saved, self._staged = self._staged, None
+        return True
 
     def set_value(self, value: Any) -> None:
         """``state.name = value``: the handler takes the new object and commits it."""
@@ -75,25 +110,28 @@ class ModuleHandler(StateHandler):
     def restore(self) -> None:
         self.value.load_state_dict(self.saved)
 
+    counts_units = True
+
     def sync(self, source: int) -> None:
+        _sync_alone(self, source)
+
+    def sync_at_reset(self, plan: ResetPlan) -> None:
         live = self.value.state_dict()
         signature = {name: (tuple(t.shape), str(t.dtype)) for name, t in live.items()}
-        theirs = broadcast_object(signature, source)
+        theirs = broadcast_object(signature, plan.source)
         if theirs != signature:
             raise ValueError(_mismatch("model", theirs, signature))
         names = list(live)
-        saved = dict(self.saved) if isinstance(self.saved, dict) else {}
+        committed = self.saved if isinstance(self.saved, dict) else {}
+        staged: dict[str, Any] = {}
 
-        keep = self._committed_matches_source
-
-        def commit(index: int) -> None:  # each tensor into the committed copy as soon as it arrived
+        def arrived(index: int) -> None:  # each tensor into the new committed copy as soon as it arrived
             name = names[index]
-            if not (keep and _same_layout(saved.get(name), live[name])):
-                saved[name] = copy_into(saved.get(name), live[name])
+            staged[name] = _committed_for(plan, committed.get(name), live[name])
+            plan.progress.unit_done()
 
-        broadcast_tensors(list(live.values()), source, after=commit)
-        self.saved = {name: saved[name] for name in names}
-        self.saved_by_sync = True
+        broadcast_tensors(list(live.values()), plan.source, after=arrived)
+        self.stage({name: staged[name] for name in names})
 
 
 class OptimizerHandler(StateHandler):
@@ -107,11 +145,16 @@ class OptimizerHandler(StateHandler):
         if not _load_in_place(self.value, self.saved):
             self.value.load_state_dict(clone(self.saved))
 
+    counts_units = True
+
     def sync(self, source: int) -> None:
+        _sync_alone(self, source)
+
+    def sync_at_reset(self, plan: ResetPlan) -> None:
         import torch
 
         live = self.value.state_dict()
-        skeleton = broadcast_object(_skeleton(live), source)
+        skeleton = broadcast_object(_skeleton(live), plan.source)
         if len(skeleton["param_groups"]) != len(live["param_groups"]) or any(
             len(a["params"]) != len(b["params"])
             for a, b in zip(skeleton["param_groups"], live["param_groups"], strict=True)
@@ -141,23 +184,18 @@ class OptimizerHandler(StateHandler):
                 targets.append(current)
                 places.append((index, key))
         previous = self.saved["state"] if isinstance(self.saved, dict) else {}
-        saved_state = {index: dict(entries) for index, entries in skeleton["state"].items()}
+        staged_state = {index: dict(entries) for index, entries in skeleton["state"].items()}
 
-        keep = self._committed_matches_source
-
-        def commit(position: int) -> None:  # each tensor into the committed copy as soon as it arrived
+        def arrived(position: int) -> None:  # each tensor into the new committed copy as soon as it arrived
             index, key = places[position]
-            committed = previous.get(index, {}).get(key)
-            if not (keep and _same_layout(committed, targets[position])):
-                committed = copy_into(committed, targets[position])
-            saved_state[index][key] = committed
+            staged_state[index][key] = _committed_for(plan, previous.get(index, {}).get(key), targets[position])
+            plan.progress.unit_done()
 
-        broadcast_tensors(targets, source, after=commit)
+        broadcast_tensors(targets, plan.source, after=arrived)
         received = {"state": state, "param_groups": skeleton["param_groups"]}
         if not _load_in_place(self.value, received, adopt=True):
             self.value.load_state_dict(received)
-        self.saved = {"state": saved_state, "param_groups": copy.deepcopy(skeleton["param_groups"])}
-        self.saved_by_sync = True
+        self.stage({"state": staged_state, "param_groups": copy.deepcopy(skeleton["param_groups"])})
 
 
 class SchedulerHandler(StateHandler):
@@ -262,6 +300,23 @@ def copy_into(saved: Any, live: Any) -> Any:
         items = [copy_into(previous_items[i] if previous_items else None, item) for i, item in enumerate(live)]
         return items if isinstance(live, list) else type(live)(items)
     return copy.deepcopy(live)
+
+
+def _sync_alone(handler: StateHandler, source: int) -> None:
+    """A built-in handler's sync outside a reset: what a reset's sync does, committed at once."""
+    import torch.distributed as dist
+
+    handler.sync_at_reset(ResetPlan.standalone(source, dist.get_rank()))
+    handler._adopt_staged()
+
+
+def _committed_for(plan: ResetPlan, committed: Any, arrived: Any) -> Any:
+    """The committed copy of a tensor the sync just moved: the one held already where it matches (see
+    ``ResetPlan.keeps_committed``), else a fresh copy; never the old buffer overwritten, so a sync that fails
+    later leaves the committed copy whole."""
+    if plan.keeps_committed and _same_layout(committed, arrived):
+        return committed
+    return cpu_copy(arrived)
 
 
 def _same_layout(committed: Any, live: Any) -> bool:

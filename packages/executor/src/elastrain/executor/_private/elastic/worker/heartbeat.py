@@ -2,12 +2,14 @@
 
 It needs nothing from the training code: a worker that is busy (a long evaluation, a slow data loader, a
 collective waiting on others) keeps beating, while one that stopped (SIGSTOP, a host that no longer answers)
-goes silent, and the driver evicts it once it has been silent for ``liveness_timeout_s``.
+goes silent, and the driver evicts it once it has been silent for ``liveness_timeout_s``. Each beat also carries
+how many commits the worker's state holds, from which the rendezvous actor keeps the job's high-water mark.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 # Beats per liveness timeout: one or two lost or late beats never look like silence.
@@ -21,9 +23,12 @@ def beat_interval(liveness_timeout_s: float) -> float:
 
 
 class Heartbeat:
-    def __init__(self, coordinator: Any, worker_id: str, liveness_timeout_s: float) -> None:
+    def __init__(
+        self, coordinator: Any, worker_id: str, liveness_timeout_s: float, commits: Callable[[], int] = lambda: 0
+    ) -> None:
         self._coordinator = coordinator
         self._worker_id = worker_id
+        self._commits = commits
         self._interval = beat_interval(liveness_timeout_s)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"elastrain-heartbeat-{worker_id}", daemon=True)
@@ -40,7 +45,7 @@ class Heartbeat:
         while not self._stopped.is_set():
             try:
                 # Fire and forget: a beat that is late or lost is made up by the next one.
-                self._coordinator.beat.remote(self._worker_id)
+                self._coordinator.beat.remote(self._worker_id, self._commits())
             except Exception:  # the rendezvous is gone (the call is ending): nothing left to tell
                 return
             self._stopped.wait(self._interval)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from elastrain.executor._private.elastic.options import ElasticOptions
+from elastrain.executor._private.elastic.worker.faults import fault_point
 from elastrain.executor._private.elastic.worker.group import (
     InternalError,
     Runtime,
@@ -70,8 +71,10 @@ def check_host_updates() -> None:
         raise HostsUpdatedInterrupt(skip_sync=update == 1)
 
 
-def commit_counts(commits: int, skip_sync: bool = False, at_commit: bool = False) -> tuple[int, int, bool, bool]:
-    return current().commit_counts(commits, skip_sync, at_commit)
+def held_commits(commits: int) -> None:
+    """The state now holds ``commits`` commits (told to the rendezvous actor with the next beat or arrival)."""
+    if _current is not None:
+        _current.commits = commits
 
 
 def rank() -> int:
@@ -86,7 +89,9 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
 
     On a collective failure (or :class:`InternalError`) the state rolls back to its last commit; on a host update
     it keeps its work. Either way the worker joins the next group, the reset callbacks run, the state is synced
-    across the new world, and ``func`` is called again.
+    across the new world, and ``func`` is called again. When no member of the new world holds the committed
+    state any more (its last holders died), the latest persisted copy is loaded; without one the job fails with
+    ``ElasticJobError``, unless ``start_over_on_state_loss=True`` lets it start over from the initial state.
     """
 
     @functools.wraps(func)
@@ -97,12 +102,13 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         while True:
             try:
                 if rejoin:
+                    runtime.role = state._pre_sync_role()
                     runtime.join_next_world()
                     rejoin = False
-                if runtime.generation > 1:
-                    state.on_reset()  # every member of a reset's world, newcomers too; the sync evens out the rest
+                # The reset callbacks run in there, on every member, newcomers too; the sync evens out the rest.
                 state._synchronize(skip_sync=skip_sync)
                 value = func(state, *args, **kwargs)
+                fault_point("finish")
                 _flush_persistence(state)
                 return value
             except HostsUpdatedInterrupt as interrupt:

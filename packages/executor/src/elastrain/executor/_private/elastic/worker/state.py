@@ -11,7 +11,10 @@ from typing import Any
 
 from elastrain.executor._private.elastic.worker import runtime
 from elastrain.executor._private.elastic.worker.collectives import broadcast_object
+from elastrain.executor._private.elastic.worker.faults import fault_point
 from elastrain.executor._private.elastic.worker.handlers import StateHandler, handler_for
+from elastrain.executor._private.elastic.worker.reset import ResetPlan, StateLoss, SyncRole
+from elastrain.executor._private.elastic.worker.state_loss import resume_persisted, start_over, state_lost_error
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -32,7 +35,8 @@ class _Bookkeeping:
     # from a rollback; read and cleared by the sync that follows.
     at_commit: bool = False
     commit_interrupt: BaseException | None = None  # the HostsUpdatedInterrupt that commit() raised last
-    committed_matches_source: bool = False  # while sync() runs: see _synchronize
+    synced: bool = False  # received state once (a sync or a persisted copy): no longer a newcomer
+    plan: ResetPlan | None = None  # the reset's plan, while its sync runs
 
 
 class State:
@@ -98,8 +102,10 @@ class State:
         """Keep a copy of the state to roll back to, then leave for a new world if one is waiting."""
         self.save()
         self._book.commits += 1
+        runtime.held_commits(self._book.commits)
         persistence = self._book.persistence
         if persistence is not None and runtime.rank() == 0:
+            fault_point("persist_handoff")
             persistence.committed(self)
         try:
             self.check_host_updates()
@@ -146,9 +152,18 @@ class State:
         book = self._book
         book.at_commit, book.commit_interrupt = interrupt is book.commit_interrupt, None
 
-    def _synchronize(self, *, skip_sync: bool = False) -> None:
-        """Make every member of the new world hold one state; the commit count changes only once that worked."""
+    def _pre_sync_role(self) -> str:
+        """What this worker is as a reset begins (the fault points' roles before the source is known)."""
         book = self._book
+        if book.commits == 0 and not book.synced:
+            return "newcomer"
+        return "survivor_at_commit" if book.at_commit else "survivor_between_commits"
+
+    def _synchronize(self, *, skip_sync: bool = False) -> None:
+        """Make every member of the new world hold one state, as the reset's plan says (``reset.py``); the
+        committed copy and the commit count change only once that worked."""
+        book = self._book
+        role_before = self._pre_sync_role()
         at_commit, book.at_commit = book.at_commit, False
         persistence = book.persistence
         rank_changed = getattr(persistence, "rank_changed", None)
@@ -157,32 +172,46 @@ class State:
                 rank_changed(runtime.rank())
             except Exception as error:
                 logger.warning("persistence.rank_changed failed (%s); persisting goes on.", error)
-        source, best, skip, source_at_commit = runtime.commit_counts(book.commits, skip_sync, at_commit)
-        if best == 0 and persistence is not None:
-            name = broadcast_object(persistence.latest() if runtime.rank() == source else None, source)
+        job = runtime.current()
+        plan = job.plan_reset(book.commits, skip_sync, at_commit, persistence is not None)
+        job.role = "source" if plan.role is SyncRole.SOURCE else role_before
+        if plan.role is SyncRole.LOAD_PERSISTED:
+            name = broadcast_object(persistence.latest() if plan.rank == plan.source else None, plan.source)
             if name is not None:
-                snapshot, commits = persistence.load(name)
-                self.load_snapshot(snapshot, commits)
+                resume_persisted(self, plan, persistence, name)
+                fault_point("reset_callbacks", role=role_before)
                 self.on_reset()  # the persisted state was made for another world: fit it to this one
                 return
-        book.sync_source = source
-        if skip:
-            self.sync_on_every_reset()  # every member kept the same state: only the split changes
-        else:
-            # Workers that hold the same number of commits trained in lockstep since the sync that gave them
-            # their state, so their committed copies match (buffers a model updates per rank, like BatchNorm's
-            # running statistics, aside). A worker at its last commit, like the source, already holds in its
-            # committed copy the tensors the source sends (a survivor at a reset raised from a commit, or after
-            # a rollback): it does not copy them again. Its live state is still overwritten, so every member
-            # trains on from one state (with what the reset callbacks changed), and any later rollback is
-            # followed by a full sync, so no difference between committed copies ever reaches training.
-            book.committed_matches_source = best > 0 and at_commit and source_at_commit and book.commits == best
-            try:
+            plan = plan.without_persisted(job.start_over_on_state_loss)
+        if plan.loss is StateLoss.FAIL:
+            raise state_lost_error(plan, persisted=persistence is not None)
+        if plan.loss is StateLoss.START_OVER:
+            start_over(self, plan)
+        book.sync_source = plan.source
+        if plan.run_callbacks:
+            fault_point("reset_callbacks", role=role_before)
+            self.on_reset()
+        fault_point("sync_before")
+        book.plan = plan
+        try:
+            if plan.skip_sync:
+                self.sync_on_every_reset()  # every member kept the same state: only the split changes
+            else:
+                # Every member's live state is overwritten, so all train on from one state (with what the reset
+                # callbacks changed); committed copies change only below, once every part arrived.
                 self.sync()
-            finally:
-                book.committed_matches_source = False
+            fault_point("sync_after")
+        except BaseException:
+            self._discard_staged()
+            raise
+        finally:
+            book.plan = None
         self._save_after_sync()
-        book.commits = best
+        book.commits, book.synced = plan.best, True
+        runtime.held_commits(plan.best)
+
+    def _discard_staged(self) -> None:
+        """A sync failed partway: drop the committed copies it staged (the committed copy stays as it was)."""
 
     def _save_after_sync(self) -> None:
         """Commit what the sync brought, so that every member rolls back to the same state."""
@@ -223,6 +252,8 @@ class ObjectState(State):
             )
         for name, value in theirs.items():
             setattr(self, name, value)
+        if self._book.plan is not None:
+            self._book.plan.progress.unit_done()
 
     def snapshot(self) -> Any:
         return self._book.saved_values  # replaced, never changed, by each save: safe to hand over
@@ -275,8 +306,9 @@ class TorchState(ObjectState):
         super()._set_values(values)
 
     def save(self) -> None:
-        for handler in self._book.handlers.values():
+        for done, handler in enumerate(self._book.handlers.values(), start=1):
             handler.save()
+            fault_point("commit_copy_mid", done=done)
         super().save()
 
     def restore(self) -> None:
@@ -286,22 +318,30 @@ class TorchState(ObjectState):
 
     def sync(self) -> None:
         self._check_same_handlers()
-        keep = self._book.committed_matches_source
+        plan = self._book.plan
         for handler in self._book.handlers.values():
-            handler._committed_matches_source = keep
-            try:
+            if plan is None:  # called outside a reset: each handler syncs and commits on its own, as it did
                 handler.sync(self.sync_source)
-            finally:
-                handler._committed_matches_source = False
+                continue
+            handler._sync_planned(plan)
+            if not handler.counts_units:
+                plan.progress.unit_done()
         super().sync()
 
     def _save_after_sync(self) -> None:
         for handler in self._book.handlers.values():
+            if handler._adopt_staged():
+                continue  # copied while the sync ran, tensor by tensor
             if handler.saved_by_sync:
-                handler.saved_by_sync = False  # saved while the sync ran, tensor by tensor
+                handler.saved_by_sync = False  # a handler of the user's own that saved while it synced
             else:
                 handler.save()
         ObjectState.save(self)
+
+    def _discard_staged(self) -> None:
+        for handler in self._book.handlers.values():
+            handler.stage(None)
+            handler.saved_by_sync = False
 
     def sync_on_every_reset(self) -> None:
         self._check_same_handlers()
