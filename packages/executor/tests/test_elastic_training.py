@@ -8,6 +8,7 @@ fake ``node:host-N`` resources on one Ray node.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -18,7 +19,8 @@ from typing import Any
 import pytest
 
 from elastrain.discovery import StaticHostDiscovery
-from elastrain.executor import RayExecutor, context, elastic, init_process_group, send
+from elastrain.executor import RayExecutor, WorkerError, context, elastic, init_process_group, send
+from elastrain.executor.elastic import ElasticJobError
 from elastrain_testutils.ray_testing import local_ray
 
 HOSTS = {f"node:host-{n}": 100 for n in range(1, 6)}
@@ -298,8 +300,23 @@ def train_counting(steps: str, folder: str) -> int:
 
     elastic.set_handler_registry([(Marker, DieWhileSending), *elastic.get_handler_registry()])
     model = make_model()
+    initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     state = elastic.TorchState(model, optimizer, marker=Marker(dir=folder), step=0)
+
+    def report_committed_copy() -> None:  # runs at every reset, after any rollback, before the state moves
+        committed = state._book.handlers["model"].saved
+        send(
+            {
+                "event": "reset",
+                "size": dist.get_world_size(),
+                "commits": state.commit_count,
+                "committed_is_initial": all(torch.equal(committed[k], v) for k, v in initial.items()),
+                "live_is_committed": all(torch.equal(committed[k], v) for k, v in model.state_dict().items()),
+            }
+        )
+
+    state.register_reset_callbacks([report_committed_copy])
 
     @elastic.run
     def loop(state: elastic.TorchState) -> int:
@@ -322,8 +339,10 @@ def train_counting(steps: str, folder: str) -> int:
 
 
 def test_a_sync_source_killed_mid_sync_never_makes_a_newcomer_the_source(tmp_path: Path) -> None:
-    """The newcomer is rank 0 (its host comes first); the source dies after sending the model only. The commit
-    count moves only after a whole sync, so the survivor, not the half-synced newcomer, is the next source."""
+    """The newcomer is rank 0 (its host comes first); the source dies after sending the model and optimizer
+    only. The commit count moves only after a whole sync, so the survivor, not the half-synced newcomer, is the
+    next source; and the newcomer's committed copy is still its initial state, not the source's model beside its
+    own values (it rolls back to it, and would start over from it)."""
     (tmp_path / "die-while-sending").touch()
     discovery = StaticHostDiscovery("host-1:1,host-2:1")
     stop_file = tmp_path / "stop"
@@ -339,6 +358,12 @@ def test_a_sync_source_killed_mid_sync_never_makes_a_newcomer_the_source(tmp_pat
     assert entries[0]["step"] == 0
     assert all(m["step"] >= 6 for m in entries[2:]), f"a reset went back to an older state: {entries}"
     assert results == [int(stop_file.read_text())] * 3
+    resets = recorder.events("reset")
+    after_the_failed_sync = [m for m in resets if m["size"] == 2 and m["commits"] == 0]
+    assert after_the_failed_sync, f"the newcomer never reset again after the failed sync: {resets}"
+    assert all(m["committed_is_initial"] and m["live_is_committed"] for m in after_the_failed_sync), resets
+    survivors = [m for m in resets if m["commits"] > 0]
+    assert all(m["live_is_committed"] for m in survivors), "a survivor's reset did not start from its commit"
 
 
 def train_on_samples(epochs: str, dataset_size: int, batch_size: int) -> int:
@@ -544,3 +569,84 @@ def test_persistence_sees_every_commit_and_is_flushed_at_the_end(tmp_path: Path)
     assert (tmp_path / "committed").read_text() == "5"
     assert (tmp_path / "flushed").read_text() == "yes"
     assert sorted(p.name for p in tmp_path.glob("rank-*")) == ["rank-0", "rank-1"]
+
+
+def train_and_crash(steps: str, crash_dir: str) -> list[int]:
+    """A model and a step count, committed at every step; a rank exits hard where a ``crash-<rank>-<step>`` file
+    says. Returns the step of every entry into the loop."""
+    import torch
+    import torch.distributed as dist
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = elastic.TorchState(model, optimizer, step=0)
+    entries: list[int] = []
+
+    @elastic.run
+    def loop(state: elastic.TorchState) -> list[int]:
+        entries.append(int(state.step))
+        while state.step < last_step(steps):
+            crash_if_marked(crash_dir, dist.get_rank(), state.step)
+            inputs, targets = batch_for(state.step)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(inputs), targets).backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            optimizer.step()
+            state.step += 1
+            send({"event": "step", "step": state.step, "size": dist.get_world_size()})
+            state.commit()
+        return entries
+
+    return loop(state)
+
+
+def lose_the_last_holder(tmp_path: Path, start_over: bool) -> tuple[list[Any], BaseException | None, Recorder]:
+    """Two workers; rank 1 crashes at step 4; the survivor (group 2, alone) dies as the source of the sync to its
+    replacement (group 3) once the first tensors went out: no worker holds the committed state any more."""
+    crash_dir = tmp_path / "crash"
+    crash_dir.mkdir()
+    (crash_dir / "crash-1-4").touch()
+    faults_file = tmp_path / "faults.json"
+    spec = {"point": "sync_mid", "role": "source", "action": "crash", "at": 1, "min_generation": 3}
+    faults_file.write_text(json.dumps([{**spec, "marker": str(tmp_path / "fired")}]))
+    stop_file = tmp_path / "stop"
+    discovery = StaticHostDiscovery("host-1:1,host-2:1")
+    recorder = Recorder(discovery, [(lambda m: (tmp_path / "fired").exists(), None)], stop_file, final_size=2)
+    settings = RayExecutor.create_settings(
+        timeout_s=60, discovery=discovery, discovery_interval_s=0.05, start_over_on_state_loss=start_over
+    )
+    results: list[Any] = []
+    error: BaseException | None = None
+    with RayExecutor(
+        settings, override_discovery=False, cpus_per_worker=0.25, min_workers=1, max_workers=2, elastic_timeout=60
+    ) as executor:
+        executor.start(extra_env_vars={"ELASTRAIN_FAULTS": str(faults_file)})
+        try:
+            results = executor.run(train_and_crash, args=[str(stop_file), str(crash_dir)], callbacks=[recorder])
+        except Exception as raised:  # the test judges what was raised
+            error = raised
+    fired = json.loads((tmp_path / "fired").read_text())
+    assert (fired["generation"], fired["role"]) == (3, "source"), fired
+    assert not (crash_dir / "crash-1-4").exists()
+    return results, error, recorder
+
+
+def test_losing_every_holder_of_the_state_fails_the_job_instead_of_starting_over(tmp_path: Path) -> None:
+    results, error, recorder = lose_the_last_holder(tmp_path, start_over=False)
+    assert error is not None, f"the job finished after losing its state: {results}"
+    assert isinstance(error, ElasticJobError | WorkerError), repr(error)
+    text = str(error)
+    assert "committed state was lost with its last holder(s)" in text, text
+    assert "start_over_on_state_loss=True" in text
+    assert "StatePersistence" in text
+    assert max(m["step"] for m in recorder.events("step")) >= 4
+
+
+def test_losing_every_holder_starts_over_where_the_user_allowed_it(tmp_path: Path) -> None:
+    results, error, recorder = lose_the_last_holder(tmp_path, start_over=True)
+    assert error is None, repr(error)
+    assert len(results) == 2
+    assert min(entries[0] for entries in results) == 0, f"no worker started over: {results}"
+    steps = [m["step"] for m in recorder.events("step")]
+    assert any(step == 1 and max(steps[:i]) >= 4 for i, step in enumerate(steps) if i), f"trained from 0? {steps}"
