@@ -37,6 +37,7 @@ from elastrain.executor._private.elastic.worker.handlers import (
     get_handler_registry,
     set_handler_registry,
 )
+from elastrain.executor._private.elastic.worker.reset import ResetPlan, SyncRole
 from elastrain.executor._private.elastic.worker.runtime import (
     HostsUpdatedInterrupt,
     InternalError,
@@ -72,6 +73,8 @@ __all__ = [
     "SchedulerHandler",
     "SamplerHandler",
     "StateDictHandler",
+    "ResetPlan",
+    "SyncRole",
     "get_handler_registry",
     "set_handler_registry",
     "broadcast_object",
