@@ -79,6 +79,7 @@ class DriverCoreMachine(RuleBasedStateMachine):
         self.hosts = {f"h{i}": slots for i, slots in enumerate(hosts)}
         self.next_host = len(hosts)
         self.roll_call_answers: list[int] = []
+        self.dead_hosts: set[str] = set()
         COUNTS["sequences"] += 1
         self.step([self.seen()])
 
@@ -108,6 +109,7 @@ class DriverCoreMachine(RuleBasedStateMachine):
         if target is not None and not isinstance(action, ev.Spawn):
             assert target not in shell.forgotten, f"{action} aimed at a forgotten worker"
         if isinstance(action, ev.Spawn):
+            assert action.host_id not in self.dead_hosts, f"{action} on a host whose node is gone"
             shell.preparing.add(action.worker_id)
         elif isinstance(action, ev.StartRun):
             assert action.worker_id not in shell.stopped, f"{action} aimed at a stopped worker"
@@ -210,14 +212,22 @@ class DriverCoreMachine(RuleBasedStateMachine):
         self.step([self.seen(), ev.Prepared(worker_id, node)])
 
     @precondition(lambda self: self.live() and bool(self.shell.running))
-    @rule(data=st.data(), how=st.sampled_from(["died", "finished", "removed", "died", "finished", "raised"]))
+    @rule(
+        data=st.data(), how=st.sampled_from(["died", "finished", "removed", "died", "finished", "raised", "node lost"])
+    )
     def a_call_ends(self, data: st.DataObject, how: str) -> None:
         worker_id = data.draw(st.sampled_from(sorted(self.shell.running)))
         self.shell.running.discard(worker_id)
         world = self.shell.worlds[-1] if self.shell.worlds else None
         member = world.member(worker_id) if world is not None else None
-        if worker_id in self.shell.stopped or how == "died":
-            event: ev.Event = ev.Died(worker_id, "actor died")
+        record = self.core.roster.get(worker_id)
+        seen = self.seen()  # discovery learns of a lost node only at its next poll; the shell asks Ray at once
+        if how == "node lost" and record is not None and record.host_id in self.hosts:
+            del self.hosts[record.host_id]
+            self.dead_hosts.add(record.host_id)
+            event: ev.Event = ev.Died(worker_id, "node died", node_lost=True)
+        elif worker_id in self.shell.stopped or how == "died":
+            event = ev.Died(worker_id, "actor died")
         elif how == "raised" and data.draw(st.sampled_from([False] * 9 + [True])):  # rarely: it ends the sequence
             event = ev.Raised(worker_id, RuntimeError("boom"), "RuntimeError: boom")
         elif how == "finished" and member is not None and world is not None:
@@ -226,7 +236,7 @@ class DriverCoreMachine(RuleBasedStateMachine):
             event = ev.Removed(worker_id)  # dropped from the latest group
         else:
             event = ev.Died(worker_id, "actor died")
-        self.step([self.seen(), event])
+        self.step([seen, event])
 
     @precondition(lambda self: self.live() and bool(self.shell.worlds))
     @rule(data=st.data())

@@ -175,11 +175,16 @@ class DriverCore:
         self.roster.move(worker, W.STOPPING)
         self._actions.append(ev.Stop(worker.worker_id, unresponsive))
 
-    def _fail(self, worker: WorkerRecord, reason: str, now: float) -> None:
+    def _fail(self, worker: WorkerRecord, reason: str, now: float, *, node_lost: bool = False) -> None:
         """Count ``worker`` as failed (before its phase changes: the policy reads it)."""
         bad_host = self.policy.worker_failed(worker, reason, now)
         if worker.phase is not W.SPARE:
-            self._actions.append(ev.WorkerFailed(worker.worker_id, worker.host_id, reason))
+            self._actions.append(ev.WorkerFailed(worker.worker_id, worker.host_id, reason, check_node=not node_lost))
+        if node_lost and worker.host_id:
+            bad_host = worker.host_id
+            # Out of this step's view at once, so that nothing is started on it before discovery catches up.
+            slots = {h: n for h, n in self.hosts.slots.items() if h != bad_host}
+            self.hosts = ev.Hosts(slots, self.hosts.blacklisted | {bad_host})
         if bad_host is not None:
             self._actions.append(ev.Blacklist(bad_host))
 
@@ -231,7 +236,7 @@ class DriverCore:
             return False
         died = isinstance(event, ev.Died) and worker.phase not in (W.STOPPING, W.LEAVING)
         if isinstance(event, ev.Died) and died:
-            self._fail(worker, event.reason, now)
+            self._fail(worker, event.reason, now, node_lost=event.node_lost)
             self._exited(worker, "CRASHED", event.reason)
         if isinstance(event, ev.Finished):
             self.results.finished.append(

@@ -76,6 +76,7 @@ class Died:
 
     worker_id: str
     reason: str
+    node_lost: bool = False  # its node is gone too (the shell asked Ray before handing the death over)
 
 
 @dataclass(frozen=True)
@@ -147,11 +148,13 @@ class Forget:
 
 @dataclass(frozen=True)
 class WorkerFailed:
-    """The job counts this worker as failed (the shell blacklists its host when the node itself is gone)."""
+    """The job counts this worker as failed; ``check_node``: the shell blacklists its host if the node is gone
+    (False where the core already knows it is)."""
 
     worker_id: str
     host_id: str
     reason: str
+    check_node: bool = True
 
 
 @dataclass(frozen=True)

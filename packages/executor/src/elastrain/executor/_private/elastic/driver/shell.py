@@ -213,7 +213,7 @@ class ElasticDriver:
     def _prepared(self, ray: Any, worker: WorkerHandle) -> list[ev.Event]:
         try:
             node = ray.get(worker.prepare_ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+        except ray.exceptions.RayError as error:  # it died starting, or cannot be placed (its node is gone)
             worker.prepare_ref = None
             return [ev.PrepareFailed(worker.worker_id, first_line(error))]
         worker.node = node
@@ -232,7 +232,8 @@ class ElasticDriver:
         except ray.exceptions.RayActorError as error:
             if not worker_actor_died(error):  # its task failed on another actor's death (say, the rendezvous)
                 ray.kill(worker.actor, no_restart=True)
-            return ev.Died(worker.worker_id, first_line(error))
+            node_lost = worker.node is not None and not node_alive(worker.node.node_id)
+            return ev.Died(worker.worker_id, first_line(error), node_lost)
         except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as error:
             node_id = worker.node.node_id if worker.node else None
             raised = worker_error(self.core.rank_of(worker.worker_id), node_id, error)
@@ -274,7 +275,8 @@ class ElasticDriver:
                 self.pool.forget(worker)
         elif isinstance(action, ev.WorkerFailed):
             worker = self.pool.get(action.worker_id)
-            if worker is not None and worker.node is not None and not node_alive(worker.node.node_id):
+            node = worker.node if worker is not None else None
+            if action.check_node and node is not None and not node_alive(node.node_id):
                 self.manager.blacklist(action.host_id)
         elif isinstance(action, ev.Blacklist):
             self.manager.blacklist(action.host_id)
