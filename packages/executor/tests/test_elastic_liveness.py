@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,7 +61,12 @@ def train(steps: int, marker: str, misbehaviour: str) -> int:
             if rank == 1 and state.step == MISBEHAVE_AT and not os.path.exists(marker):
                 Path(marker).write_text(f"{os.getpid()} {time.time()}")
                 if misbehaviour == "freeze":
-                    os.kill(os.getpid(), signal.SIGSTOP)
+                    # Sent to this thread, not to the process. This function runs on one of the actor's threads
+                    # (it has concurrency groups); the kernel hands a process-directed SIGSTOP to the main thread,
+                    # and until that thread has run the group stop, this one goes on: on a busy machine for a
+                    # few ms, into step 9's allreduce, whose peer then completes a step of size 2 after the
+                    # freeze. A thread-directed SIGSTOP stops this thread at once, and the whole process with it.
+                    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
                 elif misbehaviour == "hang":  # alive (its heartbeat goes on) but never reaches a collective
                     time.sleep(3600)
             if rank == 0 and misbehaviour == "busy" and state.step == MISBEHAVE_AT and not os.path.exists(marker):
@@ -109,7 +115,7 @@ def test_a_frozen_worker_is_evicted_and_the_survivor_goes_on(tmp_path: Path, cap
     assert len(evictions) == 1
     # Steps after the frozen one: rank 0 may still be sending the step before it when rank 1 freezes.
     after = sorted((m for m in messages if m["t"] > at and m["step"] > MISBEHAVE_AT), key=lambda m: m["t"])
-    # A string, not a tuple: pytest shortens the repr of a tuple, and this assertion has failed rarely, unexplained.
+    # A string, not a tuple: pytest shortens the repr of a tuple.
     around = "\n".join(str(m) for m in messages if m["step"] >= MISBEHAVE_AT - 1)
     explained = f"rank 1 (pid {pid}) froze at {at}; messages from step {MISBEHAVE_AT - 1} on:\n{around}"
     assert after[0]["size"] == 1, explained  # the survivor went on alone before the replacement joined
