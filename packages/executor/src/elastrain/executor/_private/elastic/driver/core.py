@@ -293,7 +293,7 @@ class DriverCore:
         gone = tuple(worker_id for worker_id in report.silent if self.roster.get(worker_id) is None)
         if gone:
             self._actions.append(ev.ForgetBeats(gone))
-        for _, kind, fields in getattr(report, "events", ()):
+        for _, kind, fields in report.events:
             self._actions.append(ev.RunEvent(kind, fields))
         world = self.world
         arrived = world is not None and (report.missing is None or report.missing[0] != world.generation)
