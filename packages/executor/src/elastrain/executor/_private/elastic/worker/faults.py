@@ -43,10 +43,11 @@ Points, in protocol order, and the roles each sees (``ROLES_AT``):
 Roles:
 
 - ``source``: this rank is the sync source of its world's reset (the lowest rank holding the most commits).
-- ``survivor_at_commit``: it held commits and its live state is its last commit (the reset came from the
-  interrupt ``commit()`` raised, or after a rollback).
-- ``survivor_between_commits``: it held commits (or synced once) and has work since its last commit.
-- ``newcomer``: it never held state: no commits and never synced.
+- ``survivor_at_commit``: it held state (commits, or received state once) and its live state is its last
+  commit (the reset came from the interrupt ``commit()`` raised, or after a rollback).
+- ``survivor_between_commits``: it held state, with work since its last commit (its training code raised
+  the interrupt, e.g. from ``check_host_updates()`` between commits).
+- ``newcomer``: it never held state: no commits, and never received state (by a sync or from persistence).
 - ``any``: matches every role.
 
 Pre-sync roles are the last three; a point before the source is known never sees ``source``. From
