@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +48,9 @@ def train(marker: str, how: str) -> dict[str, Any]:
                 Path(marker).write_text(str(time.time()))
                 if how == "kill":
                     os._exit(1)
-                os.kill(os.getpid(), signal.SIGSTOP)
+                # To this thread: a process-wide SIGSTOP reaches the main thread first, and the job's thread (Ray
+                # runs it on a pool thread) could enter one more collective meanwhile.
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
             value = torch.ones(1, device=device)
             dist.all_reduce(value)
             assert value.item() == size
