@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -572,15 +573,40 @@ def test_persistence_sees_every_commit_and_is_flushed_at_the_end(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.glob("rank-*")) == ["rank-0", "rank-1"]
 
 
-def train_and_crash(steps: str, crash_dir: str) -> list[int]:
-    """A model and a step count, committed at every step; a rank exits hard where a ``crash-<rank>-<step>`` file
-    says. Returns the step of every entry into the loop."""
+class PicklingPersistence:
+    """Keeps every committed snapshot as a pickle in a folder (what elastrain-durable does, in short)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def committed(self, state: Any) -> None:
+        path = Path(self.folder, f"{state.commit_count:08d}.pkl")
+        path.with_suffix(".tmp").write_bytes(pickle.dumps((state.snapshot(), state.commit_count)))
+        path.with_suffix(".tmp").replace(path)
+
+    def latest(self) -> str | None:
+        names = sorted(p.name for p in Path(self.folder).glob("*.pkl"))
+        return names[-1] if names else None
+
+    def load(self, name: str) -> tuple[Any, int]:
+        snapshot, commits = pickle.loads(Path(self.folder, name).read_bytes())  # noqa: S301 - this test's own files
+        return snapshot, int(commits)
+
+    def flush(self) -> None:
+        pass
+
+
+def train_and_crash(steps: str, crash_dir: str, persist_to: str | None = None) -> list[int]:
+    """A model and a step count, committed at every step (and persisted, with ``persist_to``); a rank exits hard
+    where a ``crash-<rank>-<step>`` file says. Returns the step of every entry into the loop."""
     import torch
     import torch.distributed as dist
 
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     state = elastic.TorchState(model, optimizer, step=0)
+    if persist_to is not None:
+        state.persist_with(PicklingPersistence(persist_to))
     entries: list[int] = []
 
     @elastic.run
@@ -602,7 +628,9 @@ def train_and_crash(steps: str, crash_dir: str) -> list[int]:
     return loop(state)
 
 
-def lose_the_last_holder(tmp_path: Path, start_over: bool) -> tuple[list[Any], BaseException | None, Recorder]:
+def lose_the_last_holder(
+    tmp_path: Path, start_over: bool, persist: bool = False
+) -> tuple[list[Any], BaseException | None, Recorder]:
     """Two workers; rank 1 crashes at step 4; the survivor (group 2, alone) dies as the source of the sync to its
     replacement (group 3) once the first tensors went out: no worker holds the committed state any more."""
     crash_dir = tmp_path / "crash"
@@ -624,7 +652,11 @@ def lose_the_last_holder(tmp_path: Path, start_over: bool) -> tuple[list[Any], B
     ) as executor:
         executor.start(extra_env_vars={"ELASTRAIN_FAULTS": str(faults_file)})
         try:
-            results = executor.run(train_and_crash, args=[str(stop_file), str(crash_dir)], callbacks=[recorder])
+            persist_to = tmp_path / "persisted" if persist else None
+            if persist_to is not None:
+                persist_to.mkdir()
+            args = [str(stop_file), str(crash_dir), persist_to and str(persist_to)]
+            results = executor.run(train_and_crash, args=args, callbacks=[recorder])
         except Exception as raised:  # the test judges what was raised
             error = raised
     fired = json.loads((tmp_path / "fired").read_text())
@@ -651,3 +683,11 @@ def test_losing_every_holder_starts_over_where_the_user_allowed_it(tmp_path: Pat
     assert min(entries[0] for entries in results) == 0, f"no worker started over: {results}"
     steps = [m["step"] for m in recorder.events("step")]
     assert any(step == 1 and max(steps[:i]) >= 4 for i, step in enumerate(steps) if i), f"trained from 0? {steps}"
+
+
+def test_losing_every_holder_resumes_from_the_persisted_state(tmp_path: Path) -> None:
+    results, error, recorder = lose_the_last_holder(tmp_path, start_over=False, persist=True)
+    assert error is None, repr(error)
+    assert len(results) == 2
+    assert min(entries[0] for entries in results) >= 4, f"a worker started over: {results}"
+    assert max(m["step"] for m in recorder.events("step")) >= 10
