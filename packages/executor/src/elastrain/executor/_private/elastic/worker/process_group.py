@@ -4,15 +4,27 @@ A world's group lives from the moment every member arrived until the worker leav
 opens the store and tells the rendezvous actor where it listens; the others connect to it. Leaving never waits
 on peers: an NCCL group is aborted first (destroying a communicator whose peer is gone can hang), and a gloo
 group whose peers died is dropped whether or not it shuts down cleanly.
+
+Forming can be given up. A member that dies or freezes between its arrival and the group's forming would leave
+the others blocked in ``init_process_group`` (which no one can interrupt) for the whole collective timeout. So
+every member first meets the others on the store, polling, and gives up as soon as the driver has published a
+newer world (it does, once it knows that member is gone); ``init_process_group`` starts only when all are there,
+and then takes milliseconds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 from typing import Any
 
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
+from elastrain.executor._private.errors import first_line
+
+# How often a forming member asks the rendezvous actor whether its world was replaced.
+_REPLACED_POLL_S = 0.1
+_MEMBERS_KEY = "elastrain/members"
 
 
 class ProcessGroup:
@@ -39,16 +51,11 @@ class ProcessGroup:
             master = (host, int(self._store.port))
             ray.get(coordinator.set_store.remote(self.generation, *master), timeout=CONTROL_TIMEOUT_S)
         else:
-            found = ray.get(
-                coordinator.get_store.remote(self.generation, formation_timeout_s),
-                timeout=formation_timeout_s + CONTROL_TIMEOUT_S,
-            )
-            if found is None:
-                raise TimeoutError(f"Rank 0 of group {self.generation} never published its store.")
-            master = (found[0], int(found[1]))
+            master = self._wait_for_store(coordinator, formation_timeout_s)
             self._store = dist.TCPStore(  # type: ignore[attr-defined]
                 master[0], master[1], self.size, is_master=False, timeout=timeout
             )
+        self._meet(coordinator, formation_timeout_s)
         dist.init_process_group(
             backend,
             store=self._store,
@@ -58,6 +65,51 @@ class ProcessGroup:
         )
         self.master = master
         return master
+
+    def _wait_for_store(self, coordinator: Any, formation_timeout_s: float) -> tuple[str, int]:
+        """Where rank 0's store listens, once it said; gives up when the world is replaced (rank 0 may be gone)."""
+        import ray
+
+        deadline = time.monotonic() + formation_timeout_s
+        while True:
+            found = ray.get(
+                coordinator.get_store.remote(self.generation, _REPLACED_POLL_S),
+                timeout=_REPLACED_POLL_S + CONTROL_TIMEOUT_S,
+            )
+            if found is not None:
+                return (found[0], int(found[1]))
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"Rank 0 of group {self.generation} never published its store.")
+            self._give_up_if_replaced(coordinator)
+
+    def _meet(self, coordinator: Any, formation_timeout_s: float) -> None:
+        """Wait on the store until every member reached it, giving up when the world is replaced."""
+        deadline = time.monotonic() + formation_timeout_s
+        next_check = time.monotonic() + _REPLACED_POLL_S
+        pause = 0.001
+        try:
+            count = self._store.add(_MEMBERS_KEY, 1)
+            while count < self.size:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError(
+                        f"Only {count} of group {self.generation}'s {self.size} members reached its store within "
+                        f"{formation_timeout_s:g} s."
+                    )
+                if now >= next_check:
+                    self._give_up_if_replaced(coordinator)
+                    next_check = now + _REPLACED_POLL_S
+                time.sleep(pause)
+                pause = min(2 * pause, 0.02)
+                count = self._store.add(_MEMBERS_KEY, 0)
+        except RuntimeError as error:  # the store's host (rank 0) went away
+            raise TimeoutError(f"Group {self.generation}'s store failed while it formed: {first_line(error)}") from None
+
+    def _give_up_if_replaced(self, coordinator: Any) -> None:
+        import ray
+
+        if ray.get(coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S) is not None:
+            raise TimeoutError(f"Group {self.generation} was replaced while it formed (a member is gone).")
 
     def close(self) -> None:
         """Leave the group without waiting on its peers (they may be dead or stuck)."""
