@@ -60,6 +60,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -208,7 +209,9 @@ def _act(spec: _Spec, name: str, role: str) -> None:
     if spec.action == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.action == "freeze":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Aimed at this thread: a process-wide SIGSTOP goes to the main thread first, and this one (Ray runs the
+        # job on a pool thread) could meanwhile go on into the protocol's next collective.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     else:
         raise InjectedFault(f"fault injected at {name!r} on a worker in role {role!r}")
 
