@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from elastrain.discovery import StaticHostDiscovery
-from elastrain.executor import RayExecutor, WorkerError, context, elastic, init_process_group, send
+from elastrain.executor import RayExecutor, context, elastic, init_process_group, send
 from elastrain.executor.elastic import ElasticJobError
 from elastrain_testutils.ray_testing import local_ray
 
@@ -668,7 +668,7 @@ def lose_the_last_holder(
 def test_losing_every_holder_of_the_state_fails_the_job_instead_of_starting_over(tmp_path: Path) -> None:
     results, error, recorder = lose_the_last_holder(tmp_path, start_over=False)
     assert error is not None, f"the job finished after losing its state: {results}"
-    assert isinstance(error, ElasticJobError | WorkerError), repr(error)
+    assert type(error) is ElasticJobError, repr(error)  # the workers' verdict, as the job's own error
     text = str(error)
     assert "committed state was lost with its last holder(s)" in text, text
     assert "start_over_on_state_loss=True" in text
