@@ -24,7 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from elastrain.executor._private.elastic.coordinator import CoordinatorReport
 from elastrain.executor._private.elastic.driver import events as ev
-from elastrain.executor._private.elastic.driver.core import CoreConfig, DriverCore
+from elastrain.executor._private.elastic.driver.config import CoreConfig
+from elastrain.executor._private.elastic.driver.core import DriverCore
 from elastrain.executor._private.elastic.driver.lifecycle import TERMINAL, JobPhase, WorkerPhase
 from elastrain.executor._private.elastic.world import World
 from elastrain.executor._private.errors import ElasticJobError

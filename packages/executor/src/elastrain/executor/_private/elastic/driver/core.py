@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from elastrain.executor._private.elastic.coordinator import CoordinatorReport
 from elastrain.executor._private.elastic.driver import events as ev
+from elastrain.executor._private.elastic.driver.config import CoreConfig, ElasticStats
 from elastrain.executor._private.elastic.driver.finishing import Result, Results
 from elastrain.executor._private.elastic.driver.lifecycle import HOLDING, TERMINAL, JobPhase, move
 from elastrain.executor._private.elastic.driver.lifecycle import WorkerPhase as W
@@ -28,25 +29,6 @@ from elastrain.executor._private.elastic.world import World, make_world
 from elastrain.executor._private.errors import ElasticJobError
 
 logger = logging.getLogger("elastrain.executor")
-
-
-@dataclass(frozen=True)
-class CoreConfig:
-    min_workers: int
-    max_workers: int | None
-    reset_limit: int | None
-    elastic_timeout: float
-    startup_grace_s: float
-    arrival_timeout_s: float  # how long a member of a group formed after a failure may take to arrive
-    spare_worker: bool = False
-
-
-@dataclass
-class ElasticStats:
-    resets: int = 0
-    worlds: list[int] = field(default_factory=list)  # world size of each published world
-    spares_used: int = 0  # spare workers that joined on a host Ray placed them on
-    evictions: int = 0  # workers stopped because they stopped answering or never arrived
 
 
 @dataclass

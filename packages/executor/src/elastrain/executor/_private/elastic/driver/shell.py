@@ -13,7 +13,8 @@ from typing import Any
 from elastrain.discovery import AllHostsBlacklistedError, HostChange, HostEvent, HostManager, HostManagerStoppedError
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
 from elastrain.executor._private.elastic.driver import events as ev
-from elastrain.executor._private.elastic.driver.core import CoreConfig, DriverCore, ElasticStats
+from elastrain.executor._private.elastic.driver.config import CoreConfig, ElasticStats
+from elastrain.executor._private.elastic.driver.core import DriverCore
 from elastrain.executor._private.elastic.driver.lifecycle import WorkerPhase, strict_from_environment
 from elastrain.executor._private.elastic.driver.policy import WAITING_NOTICE_S, describe
 from elastrain.executor._private.elastic.driver.pool import BundleDiscovery, WorkerHandle, WorkerPool
