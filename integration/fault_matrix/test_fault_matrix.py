@@ -134,11 +134,8 @@ def cascade_cases() -> list[Case]:
         # A second failure during the recovery from the first: the sync's source dies mid-sync; its receiver
         # (the other survivor) rolls back to its own commit and goes on. Or a survivor freezes in it.
         Case("cascade-source-dies-mid-recovery", (spec("sync_mid", "source", "crash"),), cascade=True),
-        Case(
-            "cascade-survivor-freezes-mid-recovery",
-            (spec("sync_before", "survivor_at_commit", "freeze"),),
-            cascade=True,
-        ),
+        # A survivor freezing after it arrived, before it joined the group's store: its peer must not wait on it.
+        Case("cascade-survivor-freezes-mid-recovery", (spec("pg_init", "survivor_at_commit", "freeze"),), cascade=True),
         # Two workers at once: two ranks crash at the same step (the replacements then take ranks below the
         # source's), and at the grow reset a newcomer crashes and a survivor freezes in the same sync.
         Case("cascade-two-at-once", (), crashes=((0, 4), (1, 4)), cascade=True),
@@ -171,27 +168,14 @@ def default_seed() -> int:
 
 # Cases known to fail, each for a reason outside this scenario; they stay in the full matrix as strict xfails (so a
 # fix shows as an unexpected pass, and the entry goes), and out of CI's subset, whose time they would waste.
-PG_INIT_HOLE = (
-    "protocol hole: a survivor that dies or freezes after arriving, before it joins the new group's store, leaves "
-    "the other survivor blocked in init_process_group for collective_timeout_s (the driver publishes the next "
-    "groups at once, and evicts a frozen one after liveness_timeout_s, but nothing frees the blocked peer), and the "
-    "job has not resumed even when that ends"
-)
 UNREACHABLE_AT_RANK_0 = (
     "not reachable: only rank 0 hands commits to persistence, and rank 0 is the sync source (the lowest rank "
     "holding the most commits) unless it is a newcomer; faults.ROLES_AT lists this role at persist_handoff"
 )
 KNOWN: dict[str, str] = {
-    **{
-        f"pg_init-{role}-{action}": PG_INIT_HOLE
-        for role in ("survivor_at_commit", "survivor_between_commits")
-        for action in ACTIONS
-    },
-    **{
-        f"persist_handoff-{role}-{action}": UNREACHABLE_AT_RANK_0
-        for role in ("survivor_at_commit", "survivor_between_commits")
-        for action in ACTIONS
-    },
+    f"persist_handoff-{role}-{action}": UNREACHABLE_AT_RANK_0
+    for role in ("survivor_at_commit", "survivor_between_commits")
+    for action in ACTIONS
 }
 
 
