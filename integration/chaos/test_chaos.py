@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 from kit.observing import Truth
+from kit.processes import still_there
 from kit.training import reference, train
 
 from elastrain.executor import RayExecutor
@@ -123,15 +124,6 @@ def plan(rng: random.Random) -> list[str]:
             possible &= FULL - 1 <= nodes <= FULL
         if possible:
             return list(kinds)
-
-
-def still_there(pid: int) -> bool:
-    """Whether ``pid`` is a Ray worker that is still there (stopped or not): the process a freeze targeted."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return cmdline.read().startswith(b"ray::")
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.processes import still_there
 from kit.training import BATCH, make_model, reference, step_batch, train, weights_of
 
 from elastrain.discovery import StaticHostDiscovery
@@ -297,15 +298,6 @@ class Progress:
         """Whether a step beyond ``beyond`` was trained after ``at``: the job went on past a fault."""
         with self.lock:
             return any(m["t"] > at and m["step"] > beyond for m in self.messages)
-
-
-def still_there(pid: int) -> bool:
-    """Whether ``pid`` is a Ray worker still there (stopped or not)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return cmdline.read().startswith(b"ray::")
-    except OSError:
-        return False
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
