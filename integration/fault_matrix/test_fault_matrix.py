@@ -169,15 +169,7 @@ def default_seed() -> int:
 
 # Cases known to fail, each for a reason outside this scenario; they stay in the full matrix as strict xfails (so a
 # fix shows as an unexpected pass, and the entry goes), and out of CI's subset, whose time they would waste.
-UNREACHABLE_AT_RANK_0 = (
-    "not reachable: only rank 0 hands commits to persistence, and rank 0 is the sync source (the lowest rank "
-    "holding the most commits) unless it is a newcomer; faults.ROLES_AT lists this role at persist_handoff"
-)
-KNOWN: dict[str, str] = {
-    f"persist_handoff-{role}-{action}": UNREACHABLE_AT_RANK_0
-    for role in ("survivor_at_commit", "survivor_between_commits")
-    for action in ACTIONS
-}
+KNOWN: dict[str, str] = {}
 
 
 def choose(

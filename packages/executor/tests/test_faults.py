@@ -72,6 +72,7 @@ def test_the_module_declares_every_point_and_role() -> None:
     assert faults.ROLES == ("source", "survivor_at_commit", "survivor_between_commits", "newcomer", "any")
     for point in ("join", "pg_init", "reset_callbacks"):  # before the source is known
         assert set(faults.ROLES_AT[point]) == {"survivor_at_commit", "survivor_between_commits", "newcomer"}
+    assert set(faults.ROLES_AT["persist_handoff"]) == {"source", "newcomer"}  # rank 0 only
     assert all("any" not in roles and set(roles) <= set(faults.ROLES) for roles in faults.ROLES_AT.values())
 
 

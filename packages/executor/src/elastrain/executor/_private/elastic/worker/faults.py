@@ -37,7 +37,8 @@ Points, in protocol order, and the roles each sees (``ROLES_AT``):
   into the committed copy (context ``done``: 1, 2, ...), before the rest (the plain values at least). A state
   without handlers passes once, before its values are copied (``done`` 0). Sync roles (kept from the world's
   sync).
-- ``persist_handoff``: rank 0 only, in ``commit()`` right before ``persistence.committed(state)``. Sync roles.
+- ``persist_handoff``: rank 0 only, in ``commit()`` right before ``persistence.committed(state)``. Rank 0 is the
+  sync source or a newcomer, so those are its only roles.
 - ``finish``: the user's function returned, before the result is handed back. Sync roles.
 
 Roles:
@@ -88,7 +89,9 @@ ROLES_AT: dict[str, tuple[str, ...]] = {
     "sync_mid": _SYNC,
     "sync_after": _SYNC,
     "commit_copy_mid": _SYNC,
-    "persist_handoff": _SYNC,
+    # Only rank 0 persists, and at a reset rank 0 is the source (the lowest rank with the most commits, which every
+    # survivor holds) or a newcomer (no survivor ranks before it).
+    "persist_handoff": ("source", "newcomer"),
     "finish": _SYNC,
 }
 ENV_VAR = "ELASTRAIN_FAULTS"
