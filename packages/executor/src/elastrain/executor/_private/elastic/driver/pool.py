@@ -23,6 +23,10 @@ logger = logging.getLogger("elastrain.executor")
 _PRELOADED = (("torch.distributed",), ("torch._dynamo",))
 
 
+class NoBundleError(RuntimeError):
+    """The job's placement group has no bundle on the host any more (its node was lost)."""
+
+
 class BundleDiscovery(Protocol):
     """What the pool needs of ``elastrain.discovery.PlacementGroupHostDiscovery``."""
 
@@ -86,7 +90,7 @@ class WorkerPool:
         the new one as soon as the old one's resources are freed)."""
         on_host = bundles.bundles_on(host_id)
         if not on_host:
-            raise RuntimeError(f"No bundle of the job's placement group is on host {host_id} any more.")
+            raise NoBundleError(f"No bundle of the job's placement group is on host {host_id} any more.")
         taken = collections.Counter(w.bundle for w in self if w.bundle is not None and w.holds_bundle)
         return max(sorted(on_host), key=lambda index: on_host[index] - taken[index])
 

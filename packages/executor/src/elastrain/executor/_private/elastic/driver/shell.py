@@ -17,7 +17,7 @@ from elastrain.executor._private.elastic.driver.config import CoreConfig, Elasti
 from elastrain.executor._private.elastic.driver.core import DriverCore
 from elastrain.executor._private.elastic.driver.lifecycle import WorkerPhase, strict_from_environment
 from elastrain.executor._private.elastic.driver.policy import WAITING_NOTICE_S, describe
-from elastrain.executor._private.elastic.driver.pool import BundleDiscovery, WorkerHandle, WorkerPool
+from elastrain.executor._private.elastic.driver.pool import BundleDiscovery, NoBundleError, WorkerHandle, WorkerPool
 from elastrain.executor._private.elastic.options import ElasticOptions
 from elastrain.executor._private.errors import (
     ElasticJobError,
@@ -164,6 +164,11 @@ class ElasticDriver:
                     # The core waits for the answer before it decides anything else in this round.
                     answer = self._roll_call(ray, action)
                     actions += self.core.step(time.monotonic(), [answer])
+                elif isinstance(action, ev.Spawn) and not self._spawn(action):
+                    # Its host's bundles are gone (a lost node discovery has not dropped yet): a failed start.
+                    self.manager.refresh()
+                    failed = ev.PrepareFailed(action.worker_id, f"no bundle on host {action.host_id} any more")
+                    actions += self.core.step(time.monotonic(), [ev.HostsSeen(self._hosts()), failed])
                 else:
                     self._carry_out(ray, action)
             events = self._gather(ray)
@@ -262,9 +267,7 @@ class ElasticDriver:
     # -- actions ---------------------------------------------------------------------------------------------
 
     def _carry_out(self, ray: Any, action: ev.Action) -> None:
-        if isinstance(action, ev.Spawn):
-            self.pool.spawn(action.worker_id, action.host_id)
-        elif isinstance(action, ev.StartRun):
+        if isinstance(action, ev.StartRun):
             self._start_run(action.worker_id)
         elif isinstance(action, ev.Stop):
             worker = self.pool.get(action.worker_id)
@@ -292,6 +295,13 @@ class ElasticDriver:
         elif isinstance(action, ev.RunEvent):
             logger.warning("Run event %s: %s", action.kind, dict(action.fields))
             self.watch.event(action.kind, dict(action.fields))
+
+    def _spawn(self, action: ev.Spawn) -> bool:
+        try:
+            self.pool.spawn(action.worker_id, action.host_id)
+        except NoBundleError:
+            return False
+        return True
 
     def _start_run(self, worker_id: str) -> None:
         worker = self.pool.get(worker_id)
