@@ -68,8 +68,6 @@ WORKER_TRANSITIONS: Mapping[WorkerPhase, frozenset[WorkerPhase]] = {
 COUNTED = frozenset({_W.STARTING, _W.READY, _W.MEMBER})
 # Workers in these phases hold a slot on their host (a leaving one until it has gone).
 HOLDING = frozenset({_W.STARTING, _W.READY, _W.MEMBER, _W.LEAVING})
-# Workers in these phases run the job's function.
-RUNNING = frozenset({_W.READY, _W.MEMBER, _W.LEAVING})
 TERMINAL = frozenset({_J.FINISHED, _J.FAILED})
 
 

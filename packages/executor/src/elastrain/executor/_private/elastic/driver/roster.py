@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from elastrain.executor._private.elastic.driver.lifecycle import COUNTED, HOLDING, WorkerPhase, move
+from elastrain.executor._private.elastic.driver.lifecycle import COUNTED, WorkerPhase, move
 
 
 @dataclass
@@ -59,7 +59,3 @@ class Roster:
 
     def counted(self) -> list[WorkerRecord]:
         return [w for w in self._workers.values() if w.phase in COUNTED]
-
-    def holding(self, host_id: str) -> int:
-        """How many workers hold a slot on ``host_id``."""
-        return sum(1 for w in self._workers.values() if w.host_id == host_id and w.phase in HOLDING)
