@@ -142,8 +142,14 @@ def _elastrain_dependencies(folder: str) -> list[str]:
     return ordered
 
 
-def install_packages(session: nox.Session, *folders: str, extras: dict[str, tuple[str, ...]] | None = None) -> None:
-    """Install the given packages and their elastrain siblings editable from this checkout, in one resolve."""
+def install_packages(
+    session: nox.Session,
+    *folders: str,
+    extras: dict[str, tuple[str, ...]] | None = None,
+    requirements: tuple[str, ...] = (),
+) -> None:
+    """Install the given packages and their elastrain siblings editable from this checkout, with ``requirements``
+    (test tools, torch, ...) in the same pip call: one resolve, and pip's start-up paid once a session."""
     wanted: list[str] = []
     for folder in folders:
         wanted += [name for name in _elastrain_dependencies(folder) if name not in wanted]
@@ -151,7 +157,7 @@ def install_packages(session: nox.Session, *folders: str, extras: dict[str, tupl
     for name in wanted:
         chosen = (extras or {}).get(name, ())
         args += ["-e", f"{ROOT / 'packages' / name}" + (f"[{','.join(chosen)}]" if chosen else "")]
-    session.install(*CONSTRAINTS, "-e", str(ROOT / "testutils"), *args)
+    session.install(*CONSTRAINTS, "-e", str(ROOT / "testutils"), *args, *requirements)
     session.run("python", "-m", "elastrain_testutils.guard", str(ROOT))
 
 
@@ -160,8 +166,13 @@ def install_packages(session: nox.Session, *folders: str, extras: dict[str, tupl
 @discards_venv_in_ci
 def tests(session: nox.Session, package: str) -> None:
     """One package's test suite, in a venv that holds only that package, its siblings and test tools."""
-    install_packages(session, package, *TEST_SIBLINGS.get(package, ()), extras={package: TEST_EXTRAS.get(package, ())})
-    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(package, ()))
+    install_packages(
+        session,
+        package,
+        *TEST_SIBLINGS.get(package, ()),
+        extras={package: TEST_EXTRAS.get(package, ())},
+        requirements=(*TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(package, ())),
+    )
     if package == "dashboard-api":
         install_chromium(session)
     RESULTS.mkdir(exist_ok=True)
@@ -194,8 +205,7 @@ def install_chromium(session: nox.Session) -> None:
 def screenshots(session: nox.Session) -> None:
     """The dashboard page's screenshots in docs/images (a running, a finished and an errored run), taken in
     Chromium from runs recorded through elastrain-state's public API; run it after changing the page."""
-    install_packages(session, "dashboard-api")
-    session.install(*CONSTRAINTS, "playwright")
+    install_packages(session, "dashboard-api", requirements=("playwright",))
     install_chromium(session)
     script = ROOT / "packages" / "dashboard-api" / "tools" / "screenshots.py"
     session.run("python", str(script), "--output", str(ROOT / "docs" / "images"), *session.posargs, env=RAY_ENV)
@@ -277,8 +287,7 @@ def _horovod_wheel_folder(session: nox.Session) -> Path:
 @discards_venv_in_ci
 def tests_horovod(session: nox.Session) -> None:
     """The executor's horovod backend against a real Horovod build (~8 min the first time, then kept)."""
-    install_packages(session, "executor")
-    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS)
+    install_packages(session, "executor", requirements=TEST_REQUIREMENTS)
     install_horovod(session)
     session.chdir(ROOT / "packages" / "executor")
     RESULTS.mkdir(exist_ok=True)
@@ -301,8 +310,7 @@ def tests_gpu(session: nox.Session) -> None:
 
     The result goes to benchmarks/results/tests-gpu.txt (the machine's devices, then pytest's summary).
     """
-    install_packages(session, "executor", extras={"executor": ("torch",)})
-    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS)
+    install_packages(session, "executor", extras={"executor": ("torch",)}, requirements=TEST_REQUIREMENTS)
     session.chdir(ROOT / "packages" / "executor")
     report = ROOT / "benchmarks" / "results" / "tests-gpu.txt"
     devices = session.run(
@@ -343,8 +351,8 @@ def lint(session: nox.Session) -> None:
 @discards_venv_in_ci
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on each package's src/, one package at a time."""
-    install_packages(session, *PACKAGES)
-    session.install(*CONSTRAINTS, "mypy", "torch", "numpy")  # the executor is checked against torch's types
+    # The executor is checked against torch's types.
+    install_packages(session, *PACKAGES, requirements=("mypy", "torch", "numpy"))
     for folder in PACKAGES:
         module = "elastrain." + folder.replace("-", "_")
         session.run(
@@ -398,9 +406,7 @@ def build(session: nox.Session) -> None:
 def bench(session: nox.Session, name: str) -> None:
     """One benchmark; `nox -s bench` runs them all. Results go to benchmarks/results/."""
     project = tomllib.loads((ROOT / "benchmarks" / name / "requirements.toml").read_text())
-    install_packages(session, *project["packages"])
-    if project.get("requirements"):
-        session.install(*CONSTRAINTS, *project["requirements"])
+    install_packages(session, *project["packages"], requirements=tuple(project.get("requirements", ())))
     if project.get("optional_horovod") and "--no-horovod" not in session.posargs:
         install_horovod(session, required=False)
     session.run(
@@ -442,8 +448,12 @@ def run_scenario(
     """Install what ``scenario`` names and run its tests, with ``env`` on top of its own; ``report``: the name of
     its JUnit report in .ci-results/ (``integration-<scenario>`` by default)."""
     spec = SCENARIOS[scenario]
-    install_packages(session, *spec["packages"], extras={k: tuple(v) for k, v in spec.get("extras", {}).items()})
-    session.install(*CONSTRAINTS, *TEST_REQUIREMENTS, *spec.get("requirements", ()))
+    install_packages(
+        session,
+        *spec["packages"],
+        extras={k: tuple(v) for k, v in spec.get("extras", {}).items()},
+        requirements=(*TEST_REQUIREMENTS, *spec.get("requirements", ())),
+    )
     if spec.get("horovod"):
         install_horovod(session)
     RESULTS.mkdir(exist_ok=True)
@@ -464,8 +474,15 @@ def demo(session: nox.Session) -> None:
     """The main job: an elastic training run (a small CNN on scikit-learn's digits) on a local Ray that loses a
     worker and recovers, with checkpoints, run tracking and the dashboard. ``-- --address ADDR --storage s3://...``
     points it elsewhere."""
-    install_packages(session, "executor", "durable", "state", "dashboard-api", extras={"durable": ("s3", "gcs")})
-    session.install(*CONSTRAINTS, "torch", "numpy", "scikit-learn", "tqdm")
+    install_packages(
+        session,
+        "executor",
+        "durable",
+        "state",
+        "dashboard-api",
+        extras={"durable": ("s3", "gcs")},
+        requirements=("torch", "numpy", "scikit-learn", "tqdm"),
+    )
     session.run("python", str(ROOT / "integration" / "demo" / "demo.py"), *session.posargs, env=RAY_ENV)
 
 

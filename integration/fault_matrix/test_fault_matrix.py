@@ -10,8 +10,8 @@ on one shared local Ray with scripted hosts, and must end one of two ways:
 Never a silently different model. The fault must also have fired (its marker file exists): a case whose point
 was never reached fails as "not reached", so the matrix cannot pass by testing nothing.
 
-The faults are the executor's own fault points (``elastic/worker/faults.py``): workers arm the specs of the JSON
-file ``ELASTRAIN_FAULTS`` names when they import it; each spec fires once across all processes, in whichever
+The faults are the executor's own fault points (``elastrain.executor.testing``): workers arm the specs of the JSON
+file ``FAULTS_ENV`` names when they import it; each spec fires once across all processes, in whichever
 worker first reaches its point in its role at or after its ``min_generation``, and records where it fired.
 Roles other than a first formation's need a reset, so each case also crashes rank 0 at step 4 (the kit job's
 ``crash_dir``): the two survivors roll back and reset (group 2, the lowest of them the source), then the
@@ -50,6 +50,7 @@ from kit.training import BATCH, make_model, reference, step_batch, train, weight
 from elastrain.discovery import StaticHostDiscovery
 from elastrain.executor import RayExecutor
 from elastrain.executor.elastic import ElasticJobError
+from elastrain.executor.testing import FAULTS_ENV, ROLES_AT
 from elastrain_testutils.ray_testing import local_ray
 from elastrain_testutils.waiting import wait_until
 
@@ -74,9 +75,7 @@ SUBSET_MATRIX_CASES = 3  # besides the cascades, in a subset run
 
 def fault_points() -> dict[str, tuple[str, ...]]:
     """Which roles a worker can have at each fault point, as the executor's fault module declares them."""
-    from elastrain.executor._private.elastic.worker import faults
-
-    return {point: tuple(roles) for point, roles in faults.ROLES_AT.items()}
+    return {point: tuple(roles) for point, roles in ROLES_AT.items()}
 
 
 @dataclass(frozen=True)
@@ -444,7 +443,7 @@ def run_case(case: Case, outcome: Outcome, tmp_path: Path) -> None:
 
     try:
         with ThreadPoolExecutor(1) as pool, executor:
-            executor.start(extra_env_vars={"ELASTRAIN_FAULTS": str(faults_file)})
+            executor.start(extra_env_vars={FAULTS_ENV: str(faults_file)})
             job = pool.submit(
                 executor.run, train_between_commits if case.between_commits else train, [1_000_000], kwargs, [progress]
             )

@@ -19,6 +19,7 @@ from elastrain.durable import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     CheckpointStore,
+    StaleCheckpointError,
 )
 
 
@@ -70,24 +71,51 @@ def test_save_async_returns_once_staged_and_commits_in_order(tmp_path: Path, tre
     assert (tmp_path / "out" / "model" / "config.json").read_text() == '{"layers": 2}'
 
 
+def save_from_threads(store: CheckpointStore, tree: Path, steps: list[int | None]) -> list[Checkpoint | Exception]:
+    """Each step saved by its own thread, all started at once; what each got, in the order they finished."""
+    outcomes: list[Checkpoint | Exception] = []
+    lock = threading.Lock()
+    start = threading.Barrier(len(steps))
+
+    def save(step: int | None) -> None:
+        start.wait(30)
+        try:
+            outcome: Checkpoint | Exception = store.save_async(tree, step=step).result(60)
+        except Exception as error:  # the outcome is what the test checks
+            outcome = error
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=save, args=(step,)) for step in steps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(outcomes) == len(steps), "a saving thread did not finish in 60 s"
+    return outcomes
+
+
 def test_concurrent_save_async_from_threads_are_serialised(tmp_path: Path, tree: Path) -> None:
     with CheckpointStore(tmp_path / "store") as store:
-        results: list[Checkpoint] = []
-        lock = threading.Lock()
+        outcomes = save_from_threads(store, tree, [None] * 6)
+        assert all(isinstance(outcome, Checkpoint) for outcome in outcomes), outcomes
+        committed = [outcome for outcome in outcomes if isinstance(outcome, Checkpoint)]
+        assert sorted(c.sequence for c in committed) == [c.sequence for c in store.list()]
+        assert len({c.name for c in committed}) == 6
 
-        def save(step: int) -> None:
-            checkpoint = store.save_async(tree, step=step).result(60)
-            with lock:
-                results.append(checkpoint)
 
-        threads = [threading.Thread(target=save, args=(step,)) for step in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        assert len(results) == 6
-        assert sorted(c.sequence for c in results) == [c.sequence for c in store.list()]
-        assert len({c.name for c in results}) == 6
+def test_concurrent_stepped_saves_commit_ascending_steps_and_refuse_late_ones(tmp_path: Path, tree: Path) -> None:
+    # Threads reach the store in any order; one whose step is below a committed one is refused, never reordered.
+    with CheckpointStore(tmp_path / "store") as store:
+        outcomes = save_from_threads(store, tree, list(range(6)))
+        committed = [outcome for outcome in outcomes if isinstance(outcome, Checkpoint)]
+        refused = [outcome for outcome in outcomes if not isinstance(outcome, Checkpoint)]
+        assert committed, outcomes
+        assert all(isinstance(error, StaleCheckpointError) for error in refused), refused
+        listed = store.list()
+        assert sorted(c.name for c in listed) == sorted(c.name for c in committed)
+        steps_in_commit_order = [c.step for c in sorted(listed, key=lambda c: c.sequence)]
+        assert steps_in_commit_order == sorted(steps_in_commit_order)
 
 
 @pytest.mark.parametrize("staging", ["link", "move"])

@@ -196,3 +196,13 @@ def test_a_bad_fault_file_says_what_to_change(
         armed_module(monkeypatch, content, tmp_path)
     assert type(raised.value).__name__ == "FaultSpecError"
     assert str(tmp_path / "faults.json") in str(raised.value)
+
+
+def test_the_public_testing_module_names_the_fault_points() -> None:
+    from elastrain.executor import testing
+
+    assert testing.POINTS == faults.POINTS
+    assert testing.ROLES_AT == faults.ROLES_AT
+    assert testing.FAULTS_ENV == faults.ENV_VAR == "ELASTRAIN_FAULTS"
+    assert testing.InjectedFault is faults.InjectedFault
+    assert sorted(testing.__all__) == sorted(name for name in dir(testing) if name.isupper() or name[0].isupper())
