@@ -691,3 +691,30 @@ def test_losing_every_holder_resumes_from_the_persisted_state(tmp_path: Path) ->
     assert len(results) == 2
     assert min(entries[0] for entries in results) >= 4, f"a worker started over: {results}"
     assert max(m["step"] for m in recorder.events("step")) >= 10
+
+
+def commit_once_then_exit(crash_dir: str) -> int:
+    """Exits hard right after the job's first commit (a ``crash-0-1`` file), well within a heartbeat of it."""
+    state = elastic.ObjectState(step=0)
+
+    @elastic.run
+    def loop(state: elastic.ObjectState) -> int:
+        while state.step < 3:
+            state.step += 1
+            state.commit()
+            crash_if_marked(crash_dir, 0, state.step)
+        return int(state.step)
+
+    return loop(state)
+
+
+def test_the_job_s_first_commit_is_known_before_its_only_holder_can_be_lost(crash_dir: Path) -> None:
+    # The rendezvous actor hears of commits with heartbeats (every second here) and arrivals; the first one is told
+    # before commit() returns, so its replacement sees the state lost instead of silently starting afresh.
+    (crash_dir / "crash-0-1").touch()
+    discovery = StaticHostDiscovery("host-1:1,host-2:1")
+    with elastic_executor(discovery, min_workers=1, max_workers=1) as executor:
+        executor.start()
+        with pytest.raises(ElasticJobError, match="committed state was lost with its last holder"):
+            executor.run(commit_once_then_exit, args=[str(crash_dir)])
+    assert not (crash_dir / "crash-0-1").exists()

@@ -243,6 +243,24 @@ class Runtime:
 
         return ray.get(self.coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S) is not None
 
+    def hold(self, commits: int) -> None:
+        """The state now holds ``commits`` commits, told to the rendezvous actor with the next beat or arrival.
+
+        The job's first commit is told at once and acknowledged before ``commit()`` returns (one round trip, once
+        per worker): until the rendezvous actor knows the job committed, losing every holder of the state within a
+        beat of that commit would look like a fresh start, not lost state.
+        """
+        first = commits > 0 and self.commits == 0 and self.high_water == 0
+        self.commits = commits
+        if not first or self.coordinator is None:
+            return
+        import ray
+
+        try:
+            ray.get(self.coordinator.beat.remote(self.worker_id, commits), timeout=CONTROL_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError) as error:  # the heartbeat tells it later
+            logger.warning("Could not tell the rendezvous actor of the job's first commit: %s", first_line(error))
+
     def plan_reset(self, commits: int, skip_sync: bool, at_commit: bool, persists: bool) -> ResetPlan:
         """This member's plan for the reset of its world, from one all-reduce over every member."""
         rank, counts = gather_counts(commits, skip_sync, at_commit, persists, self.high_water)

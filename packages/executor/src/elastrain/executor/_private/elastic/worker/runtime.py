@@ -72,9 +72,10 @@ def check_host_updates() -> None:
 
 
 def held_commits(commits: int) -> None:
-    """The state now holds ``commits`` commits (told to the rendezvous actor with the next beat or arrival)."""
+    """The state now holds ``commits`` commits (``Runtime.hold``: the job's first at once, the rest with the next
+    beat or arrival)."""
     if _current is not None:
-        _current.commits = commits
+        _current.hold(commits)
 
 
 def rank() -> int:
