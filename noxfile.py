@@ -8,6 +8,7 @@ sessions that install torch use pip, never uv, because only pip sees the local C
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import hashlib
 import json
@@ -166,6 +167,22 @@ def install_packages(
 @discards_venv_in_ci
 def tests(session: nox.Session, package: str) -> None:
     """One package's test suite, in a venv that holds only that package, its siblings and test tools."""
+    run_package_tests(session, package, session.posargs)
+
+
+def tested_folders(package: str) -> list[str]:
+    """The package folders a run of ``package``'s tests installs: what a passing run vouches for."""
+    folders: list[str] = []
+    for name in (package, *TEST_SIBLINGS.get(package, ())):
+        folders += [f for f in _elastrain_dependencies(name) if f not in folders]
+    return folders
+
+
+def run_package_tests(session: nox.Session, package: str, pytest_args: list[str] | None = None) -> None:
+    """Install ``package`` with its siblings and test tools, run its tests; a whole passing run on a clean tree
+    is recorded (.test-artifacts/passed/) for `nox -s release` to trust."""
+    tools = releasing()
+    key = tools.tested_key(tested_folders(package))  # taken before the run: what it tests
     install_packages(
         session,
         package,
@@ -182,9 +199,12 @@ def tests(session: nox.Session, package: str) -> None:
         "-m",
         "pytest",
         f"--junitxml={RESULTS / f'tests-{package}.xml'}",
-        *session.posargs,
+        *(pytest_args or []),
         env=RAY_ENV,
     )
+    session.chdir(ROOT)
+    if key is not None and not pytest_args:
+        tools.record_tests_passed(package, key)
 
 
 def install_chromium(session: nox.Session) -> None:
@@ -341,7 +361,7 @@ def tests_gpu(session: nox.Session) -> None:
 @discards_venv_in_ci
 def lint(session: nox.Session) -> None:
     """ruff (one config for the repository) and the repository's own layout checks."""
-    session.install(*CONSTRAINTS, "ruff")
+    session.install(*CONSTRAINTS, "ruff", "packaging")  # packaging: tools/releasing.py
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("python", "tools/check_repo.py")
@@ -365,16 +385,11 @@ def typecheck(session: nox.Session) -> None:
         )
 
 
-@nox.session(python=PYTHON)
-@discards_venv_in_ci
-def build(session: nox.Session) -> None:
-    """Build every wheel, check none ships elastrain/__init__.py, then install and import them in clean venvs."""
-    session.install(*CONSTRAINTS, "build", "hatchling")
-    dist = Path(session.create_tmp()) / "dist"
-    shutil.rmtree(dist, ignore_errors=True)
+def build_distributions(session: nox.Session, dist: Path) -> dict[str, Path]:
+    """Every package's sdist and wheel into ``dist``, each wheel checked for the namespace rules; the wheels."""
     wheels: dict[str, Path] = {}
     for folder in PACKAGES:
-        session.run("python", "-m", "build", "--wheel", "--no-isolation", "-o", str(dist), f"packages/{folder}")
+        session.run("python", "-m", "build", "--no-isolation", "-o", str(dist), f"packages/{folder}")
         [wheel] = dist.glob(f"{PACKAGES[folder].replace('-', '_')}-*.whl")
         names = zipfile.ZipFile(wheel).namelist()
         if "elastrain/__init__.py" in names:
@@ -384,21 +399,132 @@ def build(session: nox.Session) -> None:
             if module_dir + required not in names:
                 session.error(f"{wheel.name} lacks {module_dir}{required}.")
         wheels[folder] = wheel
+    return wheels
 
-    def check_in_clean_venv(name: str, folders: list[str], absent: tuple[str, ...] = ()) -> None:
+
+# What installing each distribution alone, by name, must not bring: pydantic stays with state and dashboard-api,
+# torch with the user, Ray out of durable.
+ALONE_ABSENT = {
+    "discovery": ("pydantic", "torch"),
+    "executor": ("pydantic", "torch"),
+    "durable": ("pydantic", "torch", "ray"),
+    "state": ("torch",),
+    "dashboard-api": ("torch",),
+    "tune": ("torch",),
+}
+ALONE_EXTRAS = {"tune": "[s3]"}  # the install the README shows
+
+
+@nox.session(python=PYTHON)
+@discards_venv_in_ci
+def build(session: nox.Session) -> None:
+    """Build every sdist and wheel and a package index of them; check no wheel ships elastrain/__init__.py; then
+    install all wheels together, and each distribution alone by name from the index with the pip that Python's
+    venv ships, in clean venvs, and import them."""
+    session.install(*CONSTRAINTS, "build", "hatchling", "packaging")
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    wheels = build_distributions(session, dist)
+    simple = releasing().write_simple_index(dist)
+
+    def check_in_clean_venv(name: str, install: list[str], modules: list[str], absent: tuple[str, ...] = ()) -> None:
         venv = Path(session.create_tmp()) / name
         shutil.rmtree(venv, ignore_errors=True)
-        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)  # its own pip, never upgraded
         python = str(venv / "bin" / "python")
-        wheel_paths = [str(wheels[folder]) for folder in folders]
-        session.run(python, "-m", "pip", "install", "-q", *CONSTRAINTS, *wheel_paths, external=True)
-        modules = ["elastrain." + folder.replace("-", "_") for folder in folders]
+        session.run(python, "-m", "pip", "install", "-q", *CONSTRAINTS, *install, external=True)
         checker = str(ROOT / "tools" / "check_installed.py")
         session.run(python, checker, *modules, "--absent", *absent, external=True)
 
-    # Every distribution together (the namespace must merge) and discovery alone (no pydantic, no torch).
-    check_in_clean_venv("all", list(PACKAGES))
-    check_in_clean_venv("discovery-alone", ["discovery"], absent=("pydantic", "torch"))
+    modules = {folder: "elastrain." + folder.replace("-", "_") for folder in PACKAGES}
+    # Every distribution together: the namespace must merge.
+    check_in_clean_venv("all", [str(wheels[folder]) for folder in PACKAGES], list(modules.values()))
+    for folder, dist_name in PACKAGES.items():
+        by_name = ["--extra-index-url", simple.as_uri(), dist_name + ALONE_EXTRAS.get(folder, "")]
+        check_in_clean_venv(f"{folder}-alone", by_name, [modules[folder]], ALONE_ABSENT[folder])
+
+
+@nox.session(python=PYTHON)
+def index(session: nox.Session) -> None:
+    """Every package's sdist and wheel in dist/, and a PEP 503 index of them in dist/simple: `pip install
+    --extra-index-url file://$PWD/dist/simple elastrain-tune[s3]` installs any of them by name, siblings included."""
+    session.install(*CONSTRAINTS, "build", "hatchling", "packaging")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    build_distributions(session, dist)
+    simple = releasing().write_simple_index(dist)
+    session.log(f"The index is in {simple}: pip install --extra-index-url {simple.as_uri()} elastrain-tune[s3]")
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("package", list(PACKAGES), ids=list(PACKAGES))
+def release(session: nox.Session, package: str) -> None:
+    """Release one distribution: `nox -s "release(<package>)" -- <version> [--dry-run]` (docs/releasing.md).
+
+    Runs its tests unless they passed on exactly this code, writes the version and the changelog section (from
+    the fragments in packages/<package>/changes/), builds its sdist and wheel into dist/, commits and tags
+    `<package>-v<version>`. A dry run says what it would do, builds into a temporary folder and changes nothing.
+    """
+    dry_run = "--dry-run" in session.posargs
+    versions = [arg for arg in session.posargs if arg != "--dry-run"]
+    if len(versions) != 1:
+        session.error(f'Give the version to release: nox -s "release({package})" -- 0.2.0 [--dry-run]')
+    tools = releasing()
+    target = next(p for p in tools.packages() if p.folder == package)
+    try:
+        version = tools.check_new_version(target, versions[0])
+    except ValueError as error:
+        session.error(str(error))
+    dirty = tools.git("status", "--porcelain")
+    if dirty and not dry_run:
+        session.error(f"Commit or stash your changes first; a release is cut from a clean checkout:\n{dirty}")
+    do = "Would" if dry_run else "Will"
+    commit = tools.git("rev-parse", "--short", "HEAD")
+    session.log(f"{do} release {target.dist} {version} (now {target.version}) from {commit}.")
+
+    folders = tested_folders(package)
+    key = tools.tested_key(folders)
+    if key is not None and tools.tests_passed(package) == key:
+        session.log(f"Its tests passed on exactly this code (tests({package}) recorded it).")
+    elif dry_run:
+        session.log(f"{do} run its tests first: no passing run of tests({package}) on exactly this code is recorded.")
+    else:
+        session.log(f"Running its tests: no passing run of tests({package}) on exactly this code is recorded.")
+        run_package_tests(session, package)
+
+    session.install(*CONSTRAINTS, "build", "hatchling", "packaging", "towncrier")
+    fragments = target.fragments()
+    today = datetime.date.today()
+    if fragments:
+        towncrier = ["towncrier", "build", "--config", str(ROOT / "towncrier.toml"), "--dir", str(target.path)]
+        towncrier += ["--name", target.dist, "--version", str(version), "--date", today.isoformat()]
+        session.run(*towncrier, "--draft" if dry_run else "--yes")
+    elif not dry_run and not tools.date_unreleased_section(target, version, today):
+        session.error(f"Nothing to release: packages/{package}/changes/ holds no fragment.")
+    if dry_run:
+        session.log(f"{do} write {version} to {target.version_file.relative_to(ROOT)}.")
+        dist = Path(session.create_tmp()) / "dist"
+        shutil.rmtree(dist, ignore_errors=True)
+    else:
+        tools.write_version(target, version)
+        dist = ROOT / "dist"
+    session.run("python", "-m", "build", "--no-isolation", "-o", str(dist), str(target.path))
+    tag = f"{package}-v{version}"
+    if dry_run:
+        session.log(f"Would commit 'release: {target.dist} {version}' and tag {tag}. Nothing was changed.")
+        return
+    tools.git("add", "--all", str(target.path))
+    tools.git("commit", "-q", "-m", f"release: {target.dist} {version}")
+    tools.git("tag", "-a", tag, "-m", f"{target.dist} {version}")
+    session.log(f"Released {target.dist} {version} and tagged it {tag}; its sdist and wheel are in {dist}.")
+
+
+def releasing() -> Any:
+    """tools/releasing.py (it needs `packaging`, which the sessions that use it install)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import releasing as module
+
+    return module
 
 
 @nox.session(python=PYTHON)

@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import releasing  # tools/, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_PINS = ("torch==2.13.0", "ray==2.60.0")
 
@@ -51,7 +53,7 @@ def problems() -> list[str]:
             found.append(f"packages/{folder.name} must be named elastrain-{folder.name}.")
         if "__all__" not in (package_dir / "__init__.py").read_text():
             found.append(f"elastrain.{module} must declare its public API in __all__.")
-    return found
+    return found + releasing.bound_problems() + releasing.fragment_problems()
 
 
 def main() -> int:
