@@ -499,7 +499,11 @@ def release(session: nox.Session, package: str) -> None:
         towncrier = ["towncrier", "build", "--config", str(ROOT / "towncrier.toml"), "--dir", str(target.path)]
         towncrier += ["--name", target.dist, "--version", str(version), "--date", today.isoformat()]
         session.run(*towncrier, "--draft" if dry_run else "--yes")
-    elif not dry_run and not tools.date_unreleased_section(target, version, today):
+    elif f"## {version} — unreleased" in (target.path / "CHANGELOG.md").read_text():
+        session.log(f"{do} date the changelog's '## {version} — unreleased' section (notes written before fragments).")
+        if not dry_run:
+            tools.date_unreleased_section(target, version, today)
+    else:
         session.error(f"Nothing to release: packages/{package}/changes/ holds no fragment.")
     if dry_run:
         session.log(f"{do} write {version} to {target.version_file.relative_to(ROOT)}.")
