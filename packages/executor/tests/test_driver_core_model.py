@@ -28,7 +28,7 @@ from elastrain.executor._private.elastic.driver.config import CoreConfig
 from elastrain.executor._private.elastic.driver.core import DriverCore
 from elastrain.executor._private.elastic.driver.lifecycle import TERMINAL, JobPhase, WorkerPhase
 from elastrain.executor._private.elastic.world import World
-from elastrain.executor._private.errors import ElasticJobError
+from elastrain.executor._private.errors import ElasticJobError, VersionMismatchError
 
 EXAMPLES = int(os.environ.get("ELASTRAIN_MODEL_EXAMPLES", "1500"))
 STEPS = 50
@@ -81,6 +81,7 @@ class DriverCoreMachine(RuleBasedStateMachine):
         self.next_host = len(hosts)
         self.roll_call_answers: list[int] = []
         self.dead_hosts: set[str] = set()
+        self.bad_installs: set[str] = set()  # hosts whose workers run other elastrain versions
         COUNTS["sequences"] += 1
         self.step([self.seen()])
 
@@ -111,6 +112,7 @@ class DriverCoreMachine(RuleBasedStateMachine):
             assert target not in shell.forgotten, f"{action} aimed at a forgotten worker"
         if isinstance(action, ev.Spawn):
             assert action.host_id not in self.dead_hosts, f"{action} on a host whose node is gone"
+            assert action.host_id not in self.bad_installs, f"{action} on a host with other elastrain versions"
             shell.preparing.add(action.worker_id)
         elif isinstance(action, ev.StartRun):
             assert action.worker_id not in shell.stopped, f"{action} aimed at a stopped worker"
@@ -124,6 +126,8 @@ class DriverCoreMachine(RuleBasedStateMachine):
             shell.forgotten.add(action.worker_id)
             shell.preparing.discard(action.worker_id)
             shell.running.discard(action.worker_id)
+        elif isinstance(action, ev.Blacklist) and action.host_id in self.bad_installs:
+            self.hosts.pop(action.host_id, None)  # discovery leaves a blacklisted host out
         elif isinstance(action, ev.Publish):
             self.check_published(action.world)
         elif isinstance(action, ev.RollCall):
@@ -199,8 +203,12 @@ class DriverCoreMachine(RuleBasedStateMachine):
         self.step([self.seen()])
 
     @precondition(lambda self: self.live() and bool(self.shell.preparing))
-    @rule(data=st.data(), fails=st.sampled_from([False] * 4 + [True]))
-    def prepare_answers(self, data: st.DataObject, fails: bool) -> None:
+    @rule(
+        data=st.data(),
+        fails=st.sampled_from([False] * 4 + [True]),
+        other_versions=st.sampled_from([False] * 29 + [True]),
+    )
+    def prepare_answers(self, data: st.DataObject, fails: bool, other_versions: bool) -> None:
         worker_id = data.draw(st.sampled_from(sorted(self.shell.preparing)))
         self.shell.preparing.discard(worker_id)
         if fails or worker_id in self.shell.stopped:
@@ -208,6 +216,17 @@ class DriverCoreMachine(RuleBasedStateMachine):
             return
         record = self.core.roster.get(worker_id)
         assert record is not None
+        if other_versions:  # the shell killed it: it runs other elastrain versions than the driver
+            before_any_group = self.core.phase is JobPhase.STARTING
+            if record.host_id:
+                self.bad_installs.add(record.host_id)
+            self.step([self.seen(), ev.PrepareFailed(worker_id, "versions differ", incompatible=True)])
+            if before_any_group:
+                assert self.core.phase is JobPhase.FAILED, "other versions before the first group end the job"
+                failed = self.shell.ended[-1]
+                assert isinstance(failed, ev.Fail)
+                assert isinstance(failed.error, VersionMismatchError)
+            return
         # A spare (no host yet) lands where Ray placed it: on a usable host or not.
         node = record.host_id or data.draw(st.sampled_from([*sorted(self.hosts), "elsewhere"]))
         self.step([self.seen(), ev.Prepared(worker_id, node)])

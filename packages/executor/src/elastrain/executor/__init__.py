@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         ExecutorError,
         ExecutorNotStartedError,
         PlacementError,
+        VersionMismatchError,
         WorkerDiedError,
         WorkerError,
     )
@@ -40,6 +41,7 @@ _LAZY = {
     "ExecutorError": "elastrain.executor._private.errors",
     "ExecutorNotStartedError": "elastrain.executor._private.errors",
     "PlacementError": "elastrain.executor._private.errors",
+    "VersionMismatchError": "elastrain.executor._private.errors",
     "WorkerDiedError": "elastrain.executor._private.errors",
     "WorkerError": "elastrain.executor._private.errors",
     "RayExecutor": "elastrain.executor._private.executor",
@@ -80,6 +82,7 @@ __all__ = [
     "WorkerDiedError",
     "PlacementError",
     "ExecutorNotStartedError",
+    "VersionMismatchError",
     # backends
     "Backend",
     "WorkerGroup",

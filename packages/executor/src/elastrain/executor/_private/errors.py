@@ -71,6 +71,10 @@ class ExecutorNotStartedError(ExecutorError):
     """A method that needs workers was called before ``start()`` or after ``shutdown()``."""
 
 
+class VersionMismatchError(ExecutorError):
+    """A worker runs other elastrain versions than the driver; the message names both and what to change."""
+
+
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:500] if text else type(error).__name__
@@ -109,5 +113,12 @@ def worker_error(rank: int, node_id: str | None, error: BaseException) -> Worker
 
 
 # Tracebacks and reprs name a class by its __module__: the public module, not where it is implemented.
-for _public in (ExecutorError, WorkerError, WorkerDiedError, PlacementError, ExecutorNotStartedError):
+for _public in (
+    ExecutorError,
+    WorkerError,
+    WorkerDiedError,
+    PlacementError,
+    ExecutorNotStartedError,
+    VersionMismatchError,
+):
     _public.__module__ = "elastrain.executor"

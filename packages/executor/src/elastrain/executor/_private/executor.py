@@ -14,7 +14,12 @@ from elastrain.executor._private.elastic.driver.session import ElasticSession
 
 if TYPE_CHECKING:
     from elastrain.executor._private.elastic.driver.horovod_session import HorovodElasticSession
-from elastrain.executor._private.errors import ExecutorNotStartedError, WorkerDiedError, WorkerError
+from elastrain.executor._private.errors import (
+    ExecutorNotStartedError,
+    VersionMismatchError,
+    WorkerDiedError,
+    WorkerError,
+)
 from elastrain.executor._private.messages import Callback, MessageSink, delivering
 from elastrain.executor._private.node import NodeInfo
 from elastrain.executor._private.observers import RunWatch, exception_line, run_name, run_record, worker_record
@@ -28,6 +33,7 @@ from elastrain.executor._private.placement import (
     wait_ready,
 )
 from elastrain.executor._private.settings import ExecutorSettings, create_settings
+from elastrain.executor._private.versions import mismatch, running_versions
 from elastrain.executor._private.worker import Worker
 
 # How long callback delivery may take to drain after a call's results are in.
@@ -210,6 +216,10 @@ class RayExecutor:
         nodes: list[NodeInfo] = wait_ready(
             [actor.prepare.remote(()) for actor in actors], self.settings.timeout_s, "Starting the worker actors"
         )
+        for node in nodes:
+            problem = mismatch(running_versions(), node.versions, f"the worker on {node.node_ip} (pid {node.pid})")
+            if problem:
+                raise VersionMismatchError(problem)
         self._placements = assign_ranks(nodes)
         by_rank = [actors[placement.index] for placement in self._placements]
         calls = WorkerCalls(by_rank, self._placements, self.settings.timeout_s, on_broken=self.shutdown)

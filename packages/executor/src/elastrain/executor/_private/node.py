@@ -14,3 +14,4 @@ class NodeInfo:
     hostname: str
     pid: int
     gpu_ids: tuple[str, ...]
+    versions: tuple[tuple[str, str], ...] = ()  # (distribution, version) of the elastrain packages it would import

@@ -12,6 +12,7 @@ from typing import Any
 
 from elastrain.executor._private.context import WorkerContext, _WorkerState
 from elastrain.executor._private.node import NodeInfo
+from elastrain.executor._private.versions import running_versions
 
 # Before a call returns, the worker waits (this long at most) until the sink has every message it sent, so the
 # driver's callbacks see them all before the call's result.
@@ -40,6 +41,7 @@ class Worker:
             hostname=socket.gethostname(),
             pid=os.getpid(),
             gpu_ids=tuple(str(gpu) for gpu in ray.get_gpu_ids()),
+            versions=running_versions(),
         )
 
     def alive(self) -> bool:

@@ -26,7 +26,7 @@ from elastrain.executor._private.elastic.driver.policy import FailurePolicy
 from elastrain.executor._private.elastic.driver.roster import Roster, WorkerRecord
 from elastrain.executor._private.elastic.driver.spares import Spares
 from elastrain.executor._private.elastic.world import World, make_world
-from elastrain.executor._private.errors import ElasticJobError
+from elastrain.executor._private.errors import ElasticJobError, VersionMismatchError
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -131,7 +131,7 @@ class DriverCore:
         # A loss is published at once (survivors are waiting); workers that are still starting get a moment more,
         # so that several newcomers join in one reset rather than one reset each.
         ready = round_.gained or bool(self.roster.in_phase(W.READY))
-        if broken or changed or (ready and not self._starting_recently(now)):
+        if broken or changed or (ready and not self.policy.starting_recently(self.roster, now)):
             self._publish(force=round_.failed, after_failure=broken)
 
     def _end(self, phase: JobPhase, action: ev.Action) -> None:
@@ -163,12 +163,16 @@ class DriverCore:
         if worker.phase is not W.SPARE:
             self._actions.append(ev.WorkerFailed(worker.worker_id, worker.host_id, reason, check_node=not node_lost))
         if node_lost and worker.host_id:
-            bad_host = worker.host_id
-            # Out of this step's view at once, so that nothing is started on it before discovery catches up.
-            slots = {h: n for h, n in self.hosts.slots.items() if h != bad_host}
-            self.hosts = ev.Hosts(slots, self.hosts.blacklisted | {bad_host})
-        if bad_host is not None:
+            self._drop_host(worker.host_id)
+        elif bad_host is not None:
             self._actions.append(ev.Blacklist(bad_host))
+
+    def _drop_host(self, host_id: str) -> None:
+        """Blacklist ``host_id`` and take it out of this step's view, so nothing starts there before discovery
+        catches up."""
+        slots = {h: n for h, n in self.hosts.slots.items() if h != host_id}
+        self.hosts = ev.Hosts(slots, self.hosts.blacklisted | {host_id})
+        self._actions.append(ev.Blacklist(host_id))
 
     def _fill(self, now: float) -> None:
         """Start workers on free slots, up to max_workers."""
@@ -207,9 +211,16 @@ class DriverCore:
         worker = self.roster.get(event.worker_id)
         if worker is None:
             return
-        if worker.phase is not W.STOPPING:
+        if event.incompatible:  # retrying on its host cannot help: the job goes on without that host
+            logger.error("%s Host %s is left out of this job.", event.reason, worker.host_id or "(a spare's)")
+            if worker.host_id:
+                self._drop_host(worker.host_id)
+        elif worker.phase is not W.STOPPING:
             self._fail(worker, f"failed to start: {event.reason}", now)
         self.forget(worker)
+        if event.incompatible and self.phase is JobPhase.STARTING:
+            # Before the first group it is the set-up that is wrong: say so now, not after elastic_timeout.
+            self._end(JobPhase.FAILED, ev.Fail(VersionMismatchError(event.reason)))
 
     def _on_run_ended(self, event: ev.Finished | ev.Removed | ev.Died, now: float) -> bool:
         """The worker's call ended: whether it died unexpectedly."""
@@ -262,11 +273,6 @@ class DriverCore:
             self._reported.discard(worker.worker_id)
             if self.phase is not JobPhase.FINISHING:
                 self._actions.append(ev.Exited(worker.worker_id, status, detail))
-
-    def _starting_recently(self, now: float) -> bool:
-        """Some worker is still starting, and not for longer than the start-up grace."""
-        grace = self.policy.startup_grace_s
-        return any(now - w.spawned_at < grace for w in self.roster.in_phase(W.STARTING))
 
     # -- the rendezvous ---------------------------------------------------------------------------------------
 
@@ -338,9 +344,13 @@ class DriverCore:
         if not any(w.phase is W.MEMBER for w in ready):
             # Without them no member would hold the committed state: leaving members stay for one more group,
             # whose sync hands their state to the newcomers, and leave after it.
-            ready += self._leaving_members()
+            ready += self.roster.leaving_members(self.world)
         if len(ready) < self.config.min_workers:
-            if self._current_group_broken() and self.phase in (JobPhase.RUNNING, JobPhase.FORMING, JobPhase.RECOVERING):
+            if self.roster.group_broken(self.world) and self.phase in (
+                JobPhase.RUNNING,
+                JobPhase.FORMING,
+                JobPhase.RECOVERING,
+            ):
                 self._set_phase(JobPhase.WAITING)  # survivors wait in join until enough workers are up
             return
         same = self.world is not None and {m.worker_id for m in self.world.members} == {w.worker_id for w in ready}
@@ -372,23 +382,9 @@ class DriverCore:
             ", ".join(f"{m.worker_id}@{m.slot.host_id}" for m in self.world.members),
         )
 
-    def _current_group_broken(self) -> bool:
-        """Whether a member of the current group is no longer running."""
-        if self.world is None:
-            return False
-        for member in self.world.members:
-            worker = self.roster.get(member.worker_id)
-            if worker is None or worker.phase not in (W.MEMBER, W.LEAVING):
-                return True
-        return False
-
-    def _leaving_members(self) -> list[WorkerRecord]:
-        world = self.world
-        return [w for w in self.roster.in_phase(W.LEAVING) if world is not None and world.member(w.worker_id)]
-
     def _hand_off_done(self) -> bool:
         """Leaving workers stayed in the current group for its sync, which is over: they can go now."""
-        if self.phase is not JobPhase.RUNNING or self.world is None or not self._leaving_members():
+        if self.phase is not JobPhase.RUNNING or self.world is None or not self.roster.leaving_members(self.world):
             return False
         members = [self.roster.get(m.worker_id) for m in self.world.members]
         return any(w is not None and w.phase is W.MEMBER for w in members)

@@ -49,8 +49,11 @@ class Prepared:
 
 @dataclass(frozen=True)
 class PrepareFailed:
+    """A worker's start failed; ``incompatible``: it runs other elastrain versions than the driver."""
+
     worker_id: str
     reason: str
+    incompatible: bool = False
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ class FailurePolicy:
         self._no_spare_until = 0.0
         self._spare_misses = 0
 
+    def starting_recently(self, roster: Roster, now: float) -> bool:
+        """Some worker is still starting, and not for longer than the start-up grace."""
+        return any(now - w.spawned_at < self.startup_grace_s for w in roster.in_phase(WorkerPhase.STARTING))
+
     # -- deaths and hosts ------------------------------------------------------------------------------------
 
     def worker_failed(self, worker: WorkerRecord, reason: str, now: float) -> str | None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from elastrain.executor._private.elastic.driver.lifecycle import COUNTED, WorkerPhase, move
+
+if TYPE_CHECKING:
+    from elastrain.executor._private.elastic.world import World
 
 
 @dataclass
@@ -59,3 +63,14 @@ class Roster:
 
     def counted(self) -> list[WorkerRecord]:
         return [w for w in self._workers.values() if w.phase in COUNTED]
+
+    def group_broken(self, world: World | None) -> bool:
+        """Whether a member of ``world`` is no longer running."""
+        if world is None:
+            return False
+        running = (WorkerPhase.MEMBER, WorkerPhase.LEAVING)
+        return any((w := self.get(m.worker_id)) is None or w.phase not in running for m in world.members)
+
+    def leaving_members(self, world: World | None) -> list[WorkerRecord]:
+        """Members of ``world`` that leave at their next commit."""
+        return [w for w in self.in_phase(WorkerPhase.LEAVING) if world is not None and world.member(w.worker_id)]

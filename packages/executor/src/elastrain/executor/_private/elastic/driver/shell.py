@@ -28,6 +28,7 @@ from elastrain.executor._private.errors import (
 from elastrain.executor._private.observers import RunWatch, exception_line, worker_record
 from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import node_alive
+from elastrain.executor._private.versions import mismatch, running_versions
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -223,6 +224,11 @@ class ElasticDriver:
             worker.prepare_ref = None
             return [ev.PrepareFailed(worker.worker_id, first_line(error))]
         worker.node = node
+        where = f"worker {worker.worker_id} on {node.node_ip} (pid {node.pid})"
+        problem = mismatch(running_versions(), node.versions, where)
+        if problem:
+            self.pool.stop(worker)
+            return [ev.PrepareFailed(worker.worker_id, problem, incompatible=True)]
         record = self.core.roster.get(worker.worker_id)
         if record is not None and record.phase is WorkerPhase.SPARE:
             if node.node_id not in self.manager.current_hosts:
