@@ -30,6 +30,7 @@ from elastrain.state._private.options import (
 )
 from elastrain.state._private.persistence import Persistence
 from elastrain.state._private.schemas import (
+    SCHEMA_VERSION,
     RunMetrics,
     RunStatus,
     TrainRunInfo,
@@ -38,6 +39,7 @@ from elastrain.state._private.schemas import (
     ended_workers,
 )
 from elastrain.state._private.table import RunTable
+from elastrain.state._version import __version__
 
 logger = logging.getLogger("elastrain.state")
 
@@ -283,6 +285,8 @@ class StateActor:
             "driver_checks": None if self._watch is None else self._watch.info(),
             "started_at": self.started_at,
             "pid": os.getpid(),
+            "version": __version__,  # the code it runs: a detached actor outlives upgrades
+            "schema_version": SCHEMA_VERSION,
         }
 
     def flush(self) -> bool:

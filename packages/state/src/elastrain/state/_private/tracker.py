@@ -17,6 +17,7 @@ from elastrain.state._private.schemas import (
     ID_MAX_CHARS,
     MAX_METRICS,
     NAME_MAX_CHARS,
+    SCHEMA_VERSION,
     RunMetrics,
     RunStatus,
     TrainDatasetInfo,
@@ -195,8 +196,29 @@ class RunTracker:
             try:
                 ray.get(ref)
             except Exception as error:
-                _warn_once("The state actor did not take a run update (%s).", error)
+                _warn_once("%s", self._refused(error))
                 break
+
+    def _refused(self, error: BaseException) -> str:
+        """Why the state actor refused an update; where it runs an older elastrain-state, both versions and what
+        to do (a detached actor keeps the code it started with across upgrades)."""
+        if "newer than this elastrain-state" not in str(error):
+            return f"The state actor did not take a run update ({error})."
+        import ray
+
+        from elastrain.state._version import __version__
+
+        try:
+            info = ray.get(self._actor.info.remote(), timeout=_END_WAIT_S)
+            theirs = f"elastrain-state {info.get('version', 'before 0.1.0')} (schema {info.get('schema_version', 1)})"
+        except Exception:  # it answers nothing more: say what it can
+            theirs = "an older elastrain-state"
+        return (
+            f"The cluster's state actor runs {theirs}, older than this driver's elastrain-state {__version__} (schema "
+            f"{SCHEMA_VERSION}), so it cannot store this run. A detached actor keeps the code it started with: restart "
+            "it with ray.kill(elastrain.state.get_state_actor(), no_restart=True) (the next run creates it anew, and "
+            "it reloads the recorded runs from its snapshot), or run this driver with the actor's elastrain-state."
+        )
 
     def _state_actor(self) -> Any:
         if self._actor is None:
