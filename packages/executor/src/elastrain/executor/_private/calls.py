@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from elastrain.executor._private.backends.base import WorkerGroup
-from elastrain.executor._private.errors import WorkerDiedError, worker_actor_died, worker_error
+from elastrain.executor._private.errors import WorkerDiedError, unserializable_types, worker_actor_died, worker_error
 from elastrain.executor._private.placement import WorkerPlacement, wait_ready
 from elastrain.executor._private.tracebacks import strip_ansi
 
@@ -46,7 +46,11 @@ class WorkerCalls(WorkerGroup):
         """
         import ray
 
-        failed = (ray.exceptions.RayTaskError, ray.exceptions.RayActorError, ray.exceptions.UnserializableException)
+        failed: tuple[type[Exception], ...] = (
+            ray.exceptions.RayTaskError,
+            ray.exceptions.RayActorError,
+            *unserializable_types(),
+        )
         pending = {ref: rank for rank, ref in enumerate(refs)}
         while True:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_S)

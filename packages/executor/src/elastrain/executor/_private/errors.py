@@ -91,13 +91,21 @@ def worker_actor_died(error: BaseException) -> bool:
     return isinstance(error, ray.exceptions.RayActorError) and not isinstance(error, ray.exceptions.RayTaskError)
 
 
+def unserializable_types() -> tuple[type[Exception], ...]:
+    """Ray's error for a worker's exception that the driver could not unpickle (``UnserializableException``); Ray
+    before 2.41 has none and raises ``RayTaskError`` for it."""
+    import ray
+
+    found = getattr(ray.exceptions, "UnserializableException", None)
+    return (found,) if found is not None else ()
+
+
 def worker_error(rank: int, node_id: str | None, error: BaseException) -> WorkerError:
     """The :class:`WorkerError` for a call that raised on the worker of ``rank`` (Ray's ``RayTaskError``, or its
     ``UnserializableException`` when the worker's exception could not be unpickled here)."""
-    import ray
 
     text = str(error)
-    unpicklable = isinstance(error, ray.exceptions.UnserializableException)
+    unpicklable = isinstance(error, unserializable_types())
     if unpicklable:
         # Ray's text: an explanation, then "Original exception:" and the worker's formatted error.
         text = text.split("Original exception:\n", 1)[-1].removeprefix("ray.exceptions.RayTaskError: ")

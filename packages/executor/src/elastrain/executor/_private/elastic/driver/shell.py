@@ -22,6 +22,7 @@ from elastrain.executor._private.elastic.options import ElasticOptions
 from elastrain.executor._private.errors import (
     ElasticJobError,
     first_line,
+    unserializable_types,
     worker_actor_died,
     worker_error,
 )
@@ -246,7 +247,7 @@ class ElasticDriver:
                 ray.kill(worker.actor, no_restart=True)
             node_lost = worker.node is not None and not node_alive(worker.node.node_id)
             return ev.Died(worker.worker_id, first_line(error), node_lost)
-        except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as error:
+        except (ray.exceptions.RayTaskError, *unserializable_types()) as error:
             node_id = worker.node.node_id if worker.node else None
             raised = worker_error(self.core.rank_of(worker.worker_id), node_id, error)
             failure: Exception = raised
