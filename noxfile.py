@@ -531,6 +531,99 @@ def releasing() -> Any:
     return module
 
 
+def matrix_tools() -> Any:
+    """tools/matrix.py (it needs `packaging`, which nox itself brings)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import matrix as module
+
+    return module
+
+
+MATRIX_CELLS = {cell.id: cell for cell in matrix_tools().cells(TEST_EXTRAS, TEST_SIBLINGS)}
+# Pinned in every cell whatever the axis: torch (an unpinned one is a CUDA build of several GB) and the test
+# runner, so that a cell fails for the versions it is about.
+MATRIX_ALWAYS_PINNED = ("torch", "pytest", "pytest-timeout", "hypothesis")
+# Prints {distribution: installed version} of the names given, as JSON, for the matrix report.
+INSTALLED_VERSIONS = (
+    "import json, sys\nfrom importlib import metadata\n"
+    "found = {n: [d.version for d in metadata.distributions(name=n)] for n in sys.argv[1:]}\n"
+    "print(json.dumps({n: v[0] for n, v in found.items() if v}))"
+)
+
+
+def install_matrix_cell(session: nox.Session, cell: Any) -> None:
+    """``cell``'s versions: its package and test siblings from this checkout (editable), or the siblings the cell
+    names from their previous release (the release commit's files), with the cell's constraints."""
+    tools = matrix_tools()
+    tmp = Path(session.create_tmp())
+    constraints = tmp / "constraints.txt"
+    constraints.write_text(tools.constraints_for(cell, MATRIX_ALWAYS_PINNED))
+    wanted = tested_folders(cell.package)
+    args: list[str] = []
+    for name in wanted:
+        extras = TEST_EXTRAS.get(name, ()) if name == cell.package else ()
+        if name == "durable" and cell.package == "tune":
+            extras = ("s3",)  # tune[s3] needs durable[s3]
+        suffix = f"[{','.join(extras)}]" if extras else ""
+        if name in cell.old_siblings:
+            commit = tools.release_commit(name)
+            if commit is None:
+                session.error(f"{PACKAGES[name]} has no release yet: cut one (docs/releasing.md) before this cell.")
+            old = tmp / f"old-{commit[:10]}"
+            if not (old / "packages" / name).is_dir():
+                old.mkdir(exist_ok=True)
+                archive = tmp / f"{name}.tar"
+                session.run("git", "archive", "-o", str(archive), commit, f"packages/{name}", external=True)
+                session.run("tar", "-xf", str(archive), "-C", str(old), external=True)
+            args.append(f"{old / 'packages' / name}{suffix}")
+        else:
+            args += ["-e", f"{ROOT / 'packages' / name}{suffix}"]
+    requirements = (*TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(cell.package, ()))
+    session.install("-c", str(constraints), "-e", str(ROOT / "testutils"), *args, *requirements)
+    session.run("python", "-m", "elastrain_testutils.guard", str(ROOT))
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("cell", list(MATRIX_CELLS), ids=list(MATRIX_CELLS))
+@discards_venv_in_ci
+def matrix(session: nox.Session, cell: str) -> None:
+    """One cell of the integration matrix (docs/compatibility.md): `nox -s matrix` runs every cell, then
+    `nox -s matrix_report` writes the table; CI runs a seeded few (`ci`)."""
+    tools = matrix_tools()
+    chosen = MATRIX_CELLS[cell]
+    started = time.monotonic()
+    outcome = "failed"
+    versions: dict[str, str] = {}
+    try:
+        install_matrix_cell(session, chosen)
+        names = ["ray", "torch", *chosen.pins, *(PACKAGES[f] for f in chosen.old_siblings)]
+        shown = session.run("python", "-c", INSTALLED_VERSIONS, *dict.fromkeys(names), silent=True)
+        versions = json.loads(str(shown).strip().splitlines()[-1])
+        RESULTS.mkdir(exist_ok=True)
+        session.chdir(ROOT / "packages" / chosen.package)
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            f"--junitxml={RESULTS / f'matrix-{cell}.xml'}",
+            *chosen.all_pytest_args,
+            *session.posargs,
+            env=RAY_ENV,
+        )
+        outcome = "passed"
+    finally:
+        session.chdir(ROOT)
+        tools.record_result(RESULTS, chosen, outcome, versions, time.monotonic() - started)
+
+
+@nox.session(python=False)
+def matrix_report(session: nox.Session) -> None:
+    """docs/compatibility.md's table, from the newest result of every cell in .ci-results/matrix.jsonl."""
+    if not (RESULTS / "matrix.jsonl").is_file():
+        session.error("No matrix results: run `nox -s matrix` (or some `matrix(<cell>)`) first.")
+    print(matrix_tools().write_report(RESULTS))
+
+
 @nox.session(python=PYTHON)
 @nox.parametrize("name", BENCHMARKS, ids=BENCHMARKS)
 def bench(session: nox.Session, name: str) -> None:
@@ -632,13 +725,17 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
     """Everything CI must pass: lint, types, the docs site, every package's tests, the Horovod backend, the
-    integration matrix, the wheel build, and a summary."""
+    integration scenarios, two cells of the version matrix, the wheel build, and a summary."""
     shutil.rmtree(RESULTS, ignore_errors=True)
     RESULTS.mkdir()
     if os.environ.get("ELASTRAIN_KEEP_VENVS") != "1":
         os.environ[DISCARD_VENVS_ENV] = "1"
     session.log(f"{_free_disk()} free on the disk that holds .nox/; each session's venv goes when it ends.")
+    seed = int(os.environ.get("ELASTRAIN_MATRIX_SEED") or datetime.date.today().strftime("%Y%m%d"))
+    cells = [cell.id for cell in matrix_tools().ci_cells(list(MATRIX_CELLS.values()), seed)]
+    (RESULTS / "matrix-seed.txt").write_text(f"{seed} {' '.join(cells)}\n")
     reports = [f"tests-{p}.xml" for p in [*PACKAGES, "horovod"]] + [f"integration-{s}.xml" for s in SCENARIOS]
+    reports += [f"matrix-{cell}.xml" for cell in cells]
     (RESULTS / "expected.json").write_text(json.dumps(reports))
     sessions = [
         "lint",
@@ -647,6 +744,7 @@ def ci(session: nox.Session) -> None:
         *(f"tests({p})" for p in PACKAGES),
         "tests_horovod",  # builds Horovod once; integration(horovod) installs the same wheel
         *(f"integration({s})" for s in SCENARIOS),
+        *(f"matrix({cell})" for cell in cells),  # docs/compatibility.md: the Ray floor and a seeded rotation
         "build",
         "ci_summary",
     ]
@@ -675,6 +773,11 @@ def ci_summary(session: nox.Session) -> None:
             for summary in suite.iter("property"):
                 if summary.get("name") == "ci_summary":
                     print(f"ci: {summary.get('value')}", flush=True)
+    seed_file = RESULTS / "matrix-seed.txt"
+    if seed_file.is_file():
+        seed, *cells = seed_file.read_text().split()
+        cells_run = f"{len(cells)} of {len(MATRIX_CELLS)} ({', '.join(cells)})"
+        print(f"ci: matrix cells run {cells_run}, seed {seed} (ELASTRAIN_MATRIX_SEED={seed} repeats it)", flush=True)
     times_file = RESULTS / "times.jsonl"
     if times_file.is_file():
         rows = [json.loads(line) for line in times_file.read_text().splitlines() if line.strip()]

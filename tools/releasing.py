@@ -3,8 +3,8 @@ lint's repository checks share. Standard library, git and `packaging` only.
 
 Each distribution's version lives in its `_version.py` and is the version it last released (or will first
 release); its CHANGELOG.md dates every released section; changes not yet released are towncrier fragments in its
-`changes/` folder (docs/releasing.md). The commit that last changed `_version.py` marks the last release, so the
-fragment check needs no tags.
+`changes/` folder (docs/releasing.md). The commit `release: <dist> <version>` marks the last release (or, for
+one made by hand, the last change of `_version.py`), so the fragment check needs no tags.
 """
 
 from __future__ import annotations
@@ -151,8 +151,13 @@ def fragment_problems() -> list[str]:
     for package in packages():
         if not package.released_versions():
             continue  # before its first release, its changelog's unreleased section is the record
+        # The release commit (`nox -s release` makes it), else the last change of the version, for releases made
+        # by hand. A first release may leave _version.py as it was, so the commit is the surer mark.
         relative = package.version_file.relative_to(ROOT)
-        release = git("log", "-1", "--format=%H", "--", str(relative))
+        release = git(
+            "log", "-1", "--format=%H", f"--grep=^release: {package.dist} ", "--", f"packages/{package.folder}"
+        )
+        release = release or git("log", "-1", "--format=%H", "--", str(relative))
         if not release:
             continue  # not committed yet
         source = f"packages/{package.folder}/src"
