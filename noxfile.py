@@ -422,7 +422,8 @@ def build(session: nox.Session) -> None:
     install all wheels together, and each distribution alone by name from the index with the pip that Python's
     venv ships, in clean venvs, and import them."""
     session.install(*CONSTRAINTS, "build", "hatchling", "packaging")
-    dist = Path(session.create_tmp()) / "dist"
+    # Absolute: nox's tmp dir is relative to the root, and pip needs a file:// URI.
+    dist = Path(session.create_tmp()).resolve() / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     wheels = build_distributions(session, dist)
     simple = releasing().write_simple_index(dist)
@@ -579,6 +580,10 @@ def install_matrix_cell(session: nox.Session, cell: Any) -> None:
         else:
             args += ["-e", f"{ROOT / 'packages' / name}{suffix}"]
     requirements = (*TEST_REQUIREMENTS, *TEST_ONLY_REQUIREMENTS.get(cell.package, ()))
+    if not cell.keep_pins:
+        # The floors asked for by name as well: pip then settles them first, and does not backtrack for an hour
+        # through botocore releases to meet `s3fs>=2024.6` with a constraint only.
+        requirements = (*requirements, *(f"{name}=={version}" for name, version in cell.pins.items()))
     session.install("-c", str(constraints), "-e", str(ROOT / "testutils"), *args, *requirements)
     session.run("python", "-m", "elastrain_testutils.guard", str(ROOT))
 

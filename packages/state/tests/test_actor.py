@@ -194,14 +194,15 @@ def test_an_update_for_a_run_the_restarted_actor_lost_stores_it_again() -> None:
     ray.kill(actor, no_restart=False)  # as if it crashed: Ray restarts it, without the run
     wait_until(lambda: _info_if_restarted(pid), timeout_s=120, what="the state actor to restart")
     tracker.report_metrics(step=3, loss=0.5)
-    stored = ray.get(get_state_actor().get_run.remote(tracker.run_id), timeout=30)
+    restarted = get_state_actor()  # held: Ray 2.40 drops a method call on a handle no name holds
+    stored = ray.get(restarted.get_run.remote(tracker.run_id), timeout=30)
     assert stored["name"] == "survivor"
     assert stored["run_status"] == "RUNNING"
     assert [w["actor_id"] for w in stored["workers"]] == ["a" * 32]
     assert (stored["min_workers"], stored["max_workers"]) == (1, 2)
     assert stored["latest_metrics"]["step"] == 3
     tracker.fail("bad batch", rank=0)
-    stored = ray.get(get_state_actor().get_run.remote(tracker.run_id), timeout=30)
+    stored = ray.get(restarted.get_run.remote(tracker.run_id), timeout=30)
     assert stored["run_status"] == "ERRORED"
     assert stored["status_detail"].startswith("Rank 0 worker raised an error")
 

@@ -42,7 +42,8 @@ def runs_named(name: str) -> list[dict[str, Any]]:
 def history(method: str, run_id: str) -> dict[str, Any]:
     import ray
 
-    found: dict[str, Any] = ray.get(getattr(get_state_actor(), method).remote(run_id), timeout=30)
+    actor = get_state_actor()  # held: Ray 2.40 drops a method call on a handle no name holds
+    found: dict[str, Any] = ray.get(getattr(actor, method).remote(run_id), timeout=30)
     return found
 
 

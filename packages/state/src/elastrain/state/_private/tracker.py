@@ -202,17 +202,24 @@ class RunTracker:
     def _refused(self, error: BaseException) -> str:
         """Why the state actor refused an update; where it runs an older elastrain-state, both versions and what
         to do (a detached actor keeps the code it started with across upgrades)."""
-        if "newer than this elastrain-state" not in str(error):
-            return f"The state actor did not take a run update ({error})."
+        if _warned:
+            return ""  # said once already: no need to ask the actor again
         import ray
 
         from elastrain.state._version import __version__
 
+        # Its own words may not arrive: pydantic 2.5 (the floor) cannot unpickle its ValidationError, and Ray then
+        # says only "Failed to unpickle serialized exception". So its versions are asked for in every case.
         try:
-            info = ray.get(self._actor.info.remote(), timeout=_END_WAIT_S)
-            theirs = f"elastrain-state {info.get('version', 'before 0.1.0')} (schema {info.get('schema_version', 1)})"
+            info: dict[str, Any] | None = ray.get(self._actor.info.remote(), timeout=_END_WAIT_S)
         except Exception:  # it answers nothing more: say what it can
-            theirs = "an older elastrain-state"
+            info = None
+        older = info is not None and int(info.get("schema_version", 1)) < SCHEMA_VERSION
+        if not older and "newer than this elastrain-state" not in str(error):
+            return f"The state actor did not take a run update ({error})."
+        theirs = "an older elastrain-state"
+        if info is not None:
+            theirs = f"elastrain-state {info.get('version', 'before 0.1.0')} (schema {info.get('schema_version', 1)})"
         return (
             f"The cluster's state actor runs {theirs}, older than this driver's elastrain-state {__version__} (schema "
             f"{SCHEMA_VERSION}), so it cannot store this run. A detached actor keeps the code it started with: restart "
