@@ -1,6 +1,7 @@
 """Every way to build, test, check and measure elastrain. `python -m nox -l` lists the sessions.
 
-Packages install editable from this checkout together with the siblings they depend on, in one pip call, so an
+Packages install editable from this checkout together with the siblings they depend on, in one pip call (built by
+the venv's own hatchling, installed just before), so an
 elastrain distribution never comes from an index (a guard checks). Everything is pinned by constraints.txt;
 sessions that install torch use pip, never uv, because only pip sees the local CPU wheel.
 """
@@ -60,7 +61,10 @@ TEST_SIBLINGS: dict[str, tuple[str, ...]] = {
 }
 # Ray puts its sockets under the temp dir; nox's per-session TMPDIR makes those paths longer than a unix
 # socket allows, and Ray's workers then never register. Keep Ray's temp dir short.
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tempfile.gettempdir()}
+# Installs skip byte-compiling (install_from_checkout): a test run writes the bytecode of what it imports into
+# its throwaway venv once, even where the caller's environment says not to, rather than compile torch from
+# source in every Ray worker.
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tempfile.gettempdir(), "PYTHONDONTWRITEBYTECODE": ""}
 SCENARIOS = tomllib.loads((ROOT / "integration" / "scenarios.toml").read_text())
 BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if (p / "bench.py").is_file())
 
@@ -158,8 +162,18 @@ def install_packages(
     for name in wanted:
         chosen = (extras or {}).get(name, ())
         args += ["-e", f"{ROOT / 'packages' / name}" + (f"[{','.join(chosen)}]" if chosen else "")]
-    session.install(*CONSTRAINTS, "-e", str(ROOT / "testutils"), *args, *requirements)
+    install_from_checkout(session, CONSTRAINTS, "-e", str(ROOT / "testutils"), *args, *requirements)
     session.run("python", "-m", "elastrain_testutils.guard", str(ROOT))
+
+
+def install_from_checkout(session: nox.Session, constraints: tuple[str, ...], *args: str) -> None:
+    """pip install ``args``, our packages among them, built with the venv's own hatchling, and nothing
+    byte-compiled ahead. pip's defaults build each local package in a fresh isolated environment with hatchling
+    installed anew (up to seven a session), and compile every module of torch and Ray while installing (40 s
+    of a 52 s torch install here); Python compiles the few it imports, once (RAY_ENV lets it keep them).
+    `build` still builds every wheel in isolation."""
+    session.install(*constraints, "--no-compile", "hatchling", "editables")
+    session.install(*constraints, "--no-compile", "--no-build-isolation", *args)
 
 
 @nox.session(python=PYTHON)
@@ -193,16 +207,27 @@ def run_package_tests(session: nox.Session, package: str, pytest_args: list[str]
     if package == "dashboard-api":
         install_chromium(session)
     RESULTS.mkdir(exist_ok=True)
-    session.chdir(ROOT / "packages" / package)
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        f"--junitxml={RESULTS / f'tests-{package}.xml'}",
-        *(pytest_args or []),
-        env=RAY_ENV,
-    )
-    session.chdir(ROOT)
+    # A whole run is also the matrix's cell at the pinned latest Ray (the same install): its result goes into
+    # the table (`nox -s matrix_report`) without running the suite twice.
+    pinned_cell = None if pytest_args else next((c for c in PINNED_LATEST_CELLS if c.package == package), None)
+    started, outcome, versions = time.monotonic(), "failed", {}
+    try:
+        if pinned_cell is not None:
+            versions = installed_versions(session, ["ray", "torch"])
+        session.chdir(ROOT / "packages" / package)
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            f"--junitxml={RESULTS / f'tests-{package}.xml'}",
+            *(pytest_args or []),
+            env=RAY_ENV,
+        )
+        outcome = "passed"
+    finally:
+        session.chdir(ROOT)
+        if pinned_cell is not None:
+            matrix_tools().record_result(RESULTS, pinned_cell, outcome, versions, time.monotonic() - started)
     if key is not None and not pytest_args:
         tools.record_tests_passed(package, key)
 
@@ -231,9 +256,13 @@ def screenshots(session: nox.Session) -> None:
     session.run("python", str(script), "--output", str(ROOT / "docs" / "images"), *session.posargs, env=RAY_ENV)
 
 
-# Horovod 0.28.1 is an sdist that only builds here with these settings; the wheel is kept in
-# HOROVOD_WHEELS, so later sessions install it in seconds.
-HOROVOD_WHEELS = ROOT / ".horovod-wheels"  # one folder per constraints.txt and Python, so a new pin rebuilds
+# Horovod 0.28.1 is an sdist that only builds here with these settings (about 8 minutes on 2 cores). The wheel is
+# kept in a cache outside the checkout, so later sessions and every fresh clone on the machine (CI's) install it in
+# seconds; one folder per constraints.txt and Python, so a new pin rebuilds. ELASTRAIN_HOROVOD_WHEELS moves it.
+HOROVOD_WHEELS = Path(
+    os.environ.get("ELASTRAIN_HOROVOD_WHEELS")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "elastrain" / "horovod-wheels"
+)
 HOROVOD_BUILD_ENV = {
     "HOROVOD_WITH_PYTORCH": "1",
     "HOROVOD_WITHOUT_MPI": "1",
@@ -271,12 +300,10 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
         "PATH": f"{Path(cmake).parent}:{os.environ['PATH']}",
     }
     try:
-        # Built once into a folder of this checkout, so that later sessions (and CI's discarded venvs) install
-        # the wheel in seconds even where pip keeps no cache. Built aside and moved in whole: an interrupted
-        # build never leaves a broken wheel to reuse.
+        # Built aside and moved in whole: an interrupted build never leaves a broken wheel to reuse.
         wheels = _horovod_wheel_folder(session)
         if not any(wheels.glob("horovod-*.whl")):
-            HOROVOD_WHEELS.mkdir(exist_ok=True)
+            HOROVOD_WHEELS.mkdir(parents=True, exist_ok=True)
             building = Path(tempfile.mkdtemp(prefix="building-", dir=HOROVOD_WHEELS))
             session.run(
                 "python", "-m", "pip", "wheel", *CONSTRAINTS, "--no-deps", "--no-build-isolation", "horovod",
@@ -296,11 +323,12 @@ def install_horovod(session: nox.Session, *, required: bool = True) -> bool:
 
 
 def _horovod_wheel_folder(session: nox.Session) -> Path:
-    """Where this checkout keeps its Horovod wheel: keyed by constraints.txt (torch's pin above all, whose ABI
-    the wheel is built against) and the session's Python."""
+    """Where the Horovod wheel is kept: keyed by what the build depends on (Horovod's and torch's pins, torch's ABI
+    above all; the build settings; the session's Python), so a new pin of either rebuilds and other pins do not."""
     python = session.run("python", "-c", "import sys; print(sys.implementation.cache_tag)", silent=True)
-    key = hashlib.sha256((ROOT / "constraints.txt").read_bytes() + str(python).encode()).hexdigest()[:12]
-    return HOROVOD_WHEELS / key
+    pins = matrix_tools().pinned_versions()
+    build = json.dumps([pins["horovod"], pins["torch"], HOROVOD_BUILD_ENV, str(python).strip()], sort_keys=True)
+    return HOROVOD_WHEELS / hashlib.sha256(build.encode()).hexdigest()[:12]
 
 
 @nox.session(python=PYTHON)
@@ -541,6 +569,8 @@ def matrix_tools() -> Any:
 
 
 MATRIX_CELLS = {cell.id: cell for cell in matrix_tools().cells(TEST_EXTRAS, TEST_SIBLINGS)}
+# The cells at the pinned latest Ray: `tests(<package>)` runs them and records their result.
+PINNED_LATEST_CELLS = [cell for cell in MATRIX_CELLS.values() if cell.pinned_latest]
 # Pinned in every cell whatever the axis: torch (an unpinned one is a CUDA build of several GB) and the test
 # runner, so that a cell fails for the versions it is about.
 MATRIX_ALWAYS_PINNED = ("torch", "pytest", "pytest-timeout", "hypothesis")
@@ -550,6 +580,12 @@ INSTALLED_VERSIONS = (
     "found = {n: [d.version for d in metadata.distributions(name=n)] for n in sys.argv[1:]}\n"
     "print(json.dumps({n: v[0] for n, v in found.items() if v}))"
 )
+
+
+def installed_versions(session: nox.Session, names: list[str]) -> dict[str, str]:
+    """{distribution: version} of those of ``names`` the session's venv holds."""
+    shown = session.run("python", "-c", INSTALLED_VERSIONS, *dict.fromkeys(names), silent=True)
+    return dict(json.loads(str(shown).strip().splitlines()[-1]))
 
 
 def install_matrix_cell(session: nox.Session, cell: Any) -> None:
@@ -584,7 +620,7 @@ def install_matrix_cell(session: nox.Session, cell: Any) -> None:
         # The floors asked for by name as well: pip then settles them first, and does not backtrack for an hour
         # through botocore releases to meet `s3fs>=2024.6` with a constraint only.
         requirements = (*requirements, *(f"{name}=={version}" for name, version in cell.pins.items()))
-    session.install("-c", str(constraints), "-e", str(ROOT / "testutils"), *args, *requirements)
+    install_from_checkout(session, ("-c", str(constraints)), "-e", str(ROOT / "testutils"), *args, *requirements)
     session.run("python", "-m", "elastrain_testutils.guard", str(ROOT))
 
 
@@ -601,9 +637,9 @@ def matrix(session: nox.Session, cell: str) -> None:
     versions: dict[str, str] = {}
     try:
         install_matrix_cell(session, chosen)
-        names = ["ray", "torch", *chosen.pins, *(PACKAGES[f] for f in chosen.old_siblings)]
-        shown = session.run("python", "-c", INSTALLED_VERSIONS, *dict.fromkeys(names), silent=True)
-        versions = json.loads(str(shown).strip().splitlines()[-1])
+        versions = installed_versions(
+            session, ["ray", "torch", *chosen.pins, *(PACKAGES[f] for f in chosen.old_siblings)]
+        )
         RESULTS.mkdir(exist_ok=True)
         session.chdir(ROOT / "packages" / chosen.package)
         session.run(
@@ -637,6 +673,9 @@ def bench(session: nox.Session, name: str) -> None:
     install_packages(session, *project["packages"], requirements=tuple(project.get("requirements", ())))
     if project.get("optional_horovod") and "--no-horovod" not in session.posargs:
         install_horovod(session, required=False)
+    # Installs skip byte-compiling (install_from_checkout): compile it all now, so no sample pays for it.
+    purelib = session.run("python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", silent=True)
+    session.run("python", "-m", "compileall", "-q", "-j", "0", str(purelib).strip(), success_codes=[0, 1])
     session.run(
         "python",
         str(ROOT / "benchmarks" / name / "bench.py"),
@@ -727,19 +766,47 @@ def docs(session: nox.Session) -> None:
     session.log(f"The site is in {site}; open {site / 'index.html'}.")
 
 
+# How many integration scenarios beyond those marked `ci = "always"` in scenarios.toml a CI run adds. They take
+# turns by day, so every scenario runs at least once in every ceil(others / this) days of CI, and the whole run
+# stays within its 50-minute budget.
+CI_ROTATED_SCENARIOS = 2
+
+
+def ci_seed() -> int:
+    """The seed of this CI run's rotations (scenarios, matrix cells): ELASTRAIN_CI_SEED, else the day's date."""
+    chosen = os.environ.get("ELASTRAIN_CI_SEED") or os.environ.get("ELASTRAIN_MATRIX_SEED")  # the older name
+    return int(chosen or datetime.date.today().strftime("%Y%m%d"))
+
+
+def ci_scenarios(seed: int) -> list[str]:
+    """The scenarios marked `ci = "always"`, and the next CI_ROTATED_SCENARIOS of the others in turn: the seed is
+    a day (YYYYMMDD), and each day moves the window on by that many."""
+    always = [name for name, spec in SCENARIOS.items() if spec.get("ci") == "always"]
+    others = [name for name in SCENARIOS if name not in always]
+    try:
+        turn = datetime.datetime.strptime(str(seed), "%Y%m%d").toordinal()
+    except ValueError:
+        turn = seed  # a seed that is not a day still picks a repeatable window
+    start = turn * CI_ROTATED_SCENARIOS
+    picked = {others[(start + i) % len(others)] for i in range(min(len(others), CI_ROTATED_SCENARIOS))}
+    return [name for name in SCENARIOS if name in always or name in picked]
+
+
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
     """Everything CI must pass: lint, types, the docs site, every package's tests, the Horovod backend, the
-    integration scenarios, two cells of the version matrix, the wheel build, and a summary."""
+    integration scenarios marked `ci = "always"` and a seeded rotation of the others, two cells of the version
+    matrix, the wheel build, and a summary. `nox -s integration` runs every scenario, `nox -s matrix` every cell."""
     shutil.rmtree(RESULTS, ignore_errors=True)
     RESULTS.mkdir()
     if os.environ.get("ELASTRAIN_KEEP_VENVS") != "1":
         os.environ[DISCARD_VENVS_ENV] = "1"
     session.log(f"{_free_disk()} free on the disk that holds .nox/; each session's venv goes when it ends.")
-    seed = int(os.environ.get("ELASTRAIN_MATRIX_SEED") or datetime.date.today().strftime("%Y%m%d"))
+    seed = ci_seed()
     cells = [cell.id for cell in matrix_tools().ci_cells(list(MATRIX_CELLS.values()), seed)]
-    (RESULTS / "matrix-seed.txt").write_text(f"{seed} {' '.join(cells)}\n")
-    reports = [f"tests-{p}.xml" for p in [*PACKAGES, "horovod"]] + [f"integration-{s}.xml" for s in SCENARIOS]
+    scenarios = ci_scenarios(seed)
+    (RESULTS / "ci-rotation.json").write_text(json.dumps({"seed": seed, "cells": cells, "scenarios": scenarios}))
+    reports = [f"tests-{p}.xml" for p in [*PACKAGES, "horovod"]] + [f"integration-{s}.xml" for s in scenarios]
     reports += [f"matrix-{cell}.xml" for cell in cells]
     (RESULTS / "expected.json").write_text(json.dumps(reports))
     sessions = [
@@ -747,8 +814,8 @@ def ci(session: nox.Session) -> None:
         "typecheck",
         "docs",
         *(f"tests({p})" for p in PACKAGES),
-        "tests_horovod",  # builds Horovod once; integration(horovod) installs the same wheel
-        *(f"integration({s})" for s in SCENARIOS),
+        "tests_horovod",  # builds Horovod once (kept in HOROVOD_WHEELS); integration(horovod) installs that wheel
+        *(f"integration({s})" for s in scenarios),
         *(f"matrix({cell})" for cell in cells),  # docs/compatibility.md: the Ray floor and a seeded rotation
         "build",
         "ci_summary",
@@ -778,11 +845,15 @@ def ci_summary(session: nox.Session) -> None:
             for summary in suite.iter("property"):
                 if summary.get("name") == "ci_summary":
                     print(f"ci: {summary.get('value')}", flush=True)
-    seed_file = RESULTS / "matrix-seed.txt"
-    if seed_file.is_file():
-        seed, *cells = seed_file.read_text().split()
-        cells_run = f"{len(cells)} of {len(MATRIX_CELLS)} ({', '.join(cells)})"
-        print(f"ci: matrix cells run {cells_run}, seed {seed} (ELASTRAIN_MATRIX_SEED={seed} repeats it)", flush=True)
+    rotation_file = RESULTS / "ci-rotation.json"
+    if rotation_file.is_file():
+        rotation = json.loads(rotation_file.read_text())
+        seed, cells, scenarios = rotation["seed"], rotation["cells"], rotation["scenarios"]
+        left = [name for name in SCENARIOS if name not in scenarios]
+        print(f"ci: seed {seed} (ELASTRAIN_CI_SEED={seed} repeats this run's choice)", flush=True)
+        not_run = ", ".join(left) or "-"
+        print(f"ci: scenarios run {len(scenarios)} of {len(SCENARIOS)}; not this time: {not_run}", flush=True)
+        print(f"ci: matrix cells run {len(cells)} of {len(MATRIX_CELLS)} ({', '.join(cells)})", flush=True)
     times_file = RESULTS / "times.jsonl"
     if times_file.is_file():
         rows = [json.loads(line) for line in times_file.read_text().splitlines() if line.strip()]

@@ -238,23 +238,34 @@ def last_passed() -> set[str]:
 
 
 def write_report(results: Path) -> str:
-    """Replace docs/compatibility.md's table with the newest result of every cell; returns the table."""
-    newest: dict[str, dict[str, object]] = {}
+    """Update docs/compatibility.md's table with the newest result of every cell in ``results``; a cell that did
+    not run this time keeps its row (with its date), so a partial run or a fresh clone never drops a result."""
+    text = REPORT.read_text()
+    pattern = re.compile(re.escape(TABLE_START) + "(.*?)" + re.escape(TABLE_END), re.DOTALL)
+    found = pattern.search(text)
+    kept = re.findall(r"^(\| `([^`]+)` \|.*)$", found.group(1) if found else "", re.MULTILINE)
+    rows = {cell: line for line, cell in kept}
     for line in (results / "matrix.jsonl").read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            newest[row["cell"]] = row
+            rows[str(row["cell"])] = _table_row(row)
     header = "| cell | package | Ray | torch | floors and old siblings | result | time |\n|---|---|---|---|---|---|---|"
-    rows = []
-    for row in sorted(newest.values(), key=lambda r: (str(r["axis"]), str(r["package"]), str(r["cell"]))):
-        versions: dict[str, str] = row["versions"]  # type: ignore[assignment]
-        others = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if k not in ("ray", "torch"))
-        rows.append(
-            f"| `{row['cell']}` | {row['package']} | {versions.get('ray', '—')} | {versions.get('torch', '—')} | "
-            f"{others or '—'} | {row['outcome']} ({row['date']}) | {row['seconds']} s |"
-        )
-    table = "\n".join([header, *rows])
-    text = REPORT.read_text()
-    pattern = re.compile(re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END), re.DOTALL)
+    table = "\n".join([header, *(rows[cell] for cell in sorted(rows, key=_row_order))])
     REPORT.write_text(pattern.sub(lambda _: f"{TABLE_START}\n{table}\n{TABLE_END}", text, count=1))
     return table
+
+
+def _table_row(row: dict[str, object]) -> str:
+    versions: dict[str, str] = row["versions"]  # type: ignore[assignment]
+    others = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if k not in ("ray", "torch"))
+    return (
+        f"| `{row['cell']}` | {row['package']} | {versions.get('ray', '—')} | {versions.get('torch', '—')} | "
+        f"{others or '—'} | {row['outcome']} ({row['date']}) | {row['seconds']} s |"
+    )
+
+
+def _row_order(cell: str) -> tuple[str, str]:
+    """Axis first, then the package (a cell id is ``<axis>-...-<package>``, the Ray version in between)."""
+    axis = cell.split("-", 1)[0]
+    package = next((p.folder for p in releasing.packages() if cell.endswith(f"-{p.folder}")), cell)
+    return axis, package + " " + cell
