@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import random
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -58,8 +57,6 @@ OLD_RAY_PYTEST_ARGS = (
     "-W",
     "ignore::FutureWarning:ray._private.worker",
 )
-# How many cells beyond the pinned latest CI runs, picked by a seeded rotation (the seed is printed).
-CI_CELLS = 2
 
 
 @dataclass(frozen=True)
@@ -176,18 +173,29 @@ def cells(test_extras: dict[str, tuple[str, ...]], test_siblings: dict[str, tupl
     return found
 
 
-def ci_cells(all_cells: list[Cell], seed: int, count: int = CI_CELLS) -> list[Cell]:
-    """The cells CI runs: the Ray floor of the package whose Ray use is widest (the executor) always, and a
-    seeded rotation of ``count - 1`` others beyond the pinned latest (which `tests(<package>)` already runs) among
-    those that passed in the last report: CI guards what works; the report lists what does not yet."""
+def ci_turn(seed: int) -> int:
+    """The turn of a CI run in its rotations: the day its seed names (YYYYMMDD) as a day number, so consecutive
+    days take consecutive turns; a seed that is not a day is its own turn."""
+    try:
+        return datetime.datetime.strptime(str(seed), "%Y%m%d").toordinal()
+    except ValueError:
+        return seed
+
+
+def ci_cells(all_cells: list[Cell], seed: int) -> list[Cell]:
+    """The one cell a CI run adds to the pinned latest (which `tests(<package>)` runs anyway), in turn by day: every
+    other day the executor at Ray's floor (its Ray use is the widest, and a floor is where Ray breaks code), and on
+    the days between, the next of the other cells that passed in the last report. CI guards what works; the report
+    lists what does not yet. (A fresh table with no passing cell gives the executor's floor every day.)"""
     passing = last_passed()
     candidates = [cell for cell in all_cells if not cell.pinned_latest]
     ray_floor = ray_versions()[0]
-    always = [c for c in candidates if c.axis == "ray" and c.package == "executor" and c.pins["ray"] == ray_floor]
-    rest = [c for c in candidates if c not in always and c.id in passing]
-    rotation = random.Random(seed)  # noqa: S311 - picks test cells, nothing secret
-    # A report with fewer passing cells than asked for (a fresh table) yields them all, never an error.
-    return always + rotation.sample(rest, min(len(rest), max(0, count - len(always))))
+    floor = [c for c in candidates if c.axis == "ray" and c.package == "executor" and c.pins["ray"] == ray_floor]
+    rest = [c for c in candidates if c not in floor and c.id in passing]
+    turn = ci_turn(seed)
+    if turn % 2 == 0 or not rest:
+        return floor
+    return [rest[(turn // 2) % len(rest)]]
 
 
 def constraints_for(cell: Cell, keep: tuple[str, ...]) -> str:

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,22 @@ def ray_4_cpus() -> Iterator[None]:
     """One local Ray node with 4 CPUs, shared by a test module."""
     with local_ray(num_cpus=4):
         yield
+
+
+@pytest.fixture(scope="module")
+def ray_with_scripted_hosts() -> Iterator[None]:
+    """One local Ray node whose fake ``node:host-N`` resources stand for the elastic-training tests' hosts."""
+    from elastic_training_kit import HOSTS
+
+    with local_ray(num_cpus=4, resources=HOSTS):
+        yield
+
+
+@pytest.fixture
+def crash_dir() -> Iterator[Path]:
+    """A folder for ``crash-<rank>-<step>`` files: a worker exits hard where one names it (crash_if_marked)."""
+    with tempfile.TemporaryDirectory(prefix="elastrain-crash-") as folder:
+        yield Path(folder)
 
 
 @pytest.fixture(autouse=True, scope="module")

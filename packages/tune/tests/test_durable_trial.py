@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,7 +171,6 @@ class Climber(DurableTrainable):
         self.origin = self.trial_id
 
     def step(self) -> dict[str, Any]:
-        time.sleep(0.2)  # slow enough for PBT to see both trials' checkpoints at a perturbation
         self.height += self.config["rate"]
         return {"height": self.height, "origin": self.origin}
 
@@ -195,9 +193,12 @@ def test_pbt_exploit_loads_another_trials_checkpoint_from_its_store(
 
     options = seaweed.storage_options()
     trainable = type("Climbing", (Climber,), {"storage": f"s3://{bucket}/tune", "storage_options": options})
+    # Synchronous PBT: each perturbation waits for both trials, so the slow one exploits the fast one however far
+    # apart Ray runs them. The asynchronous kind needed both to report close together, and once on a loaded
+    # machine the slow trial never exploited.
     pbt = tune.schedulers.PopulationBasedTraining(
         time_attr="training_iteration", perturbation_interval=2, quantile_fraction=0.5, resample_probability=0,
-        hyperparam_mutations={"rate": [1.0, 10.0]},
+        hyperparam_mutations={"rate": [1.0, 10.0]}, synch=True,
     )  # fmt: skip
     grid = tune.Tuner(
         trainable,

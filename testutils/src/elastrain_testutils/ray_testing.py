@@ -36,9 +36,12 @@ def local_cluster(*nodes: dict[str, Any]) -> Iterator[Any]:
     head, *others = nodes
     cluster = Cluster(initialize_head=True, head_node_args={**NODE_DEFAULTS, "include_dashboard": False, **head})
     try:
+        # The driver joins before the other nodes exist, so its raylet is the head's. With several raylets on one
+        # host, Ray before 2.60 attaches a driver to any of them, and a test that then removes "a worker node"
+        # may remove the driver's own: its process exits with status 1 and no word (seen on Ray 2.40).
+        ray.init(address=cluster.address)
         for node in others:
             cluster.add_node(**NODE_DEFAULTS, **node)
-        ray.init(address=cluster.address)
         cluster.wait_for_nodes(timeout=60)
         yield cluster
     finally:
