@@ -1,9 +1,9 @@
 """Every way to build, test, check and measure elastrain. `python -m nox -l` lists the sessions.
 
 Packages install editable from this checkout together with the siblings they depend on, in one pip call (built by
-the venv's own hatchling, installed just before), so an
-elastrain distribution never comes from an index (a guard checks). Everything is pinned by constraints.txt;
-sessions that install torch use pip, never uv, because only pip sees the local CPU wheel.
+the venv's own hatchling, installed just before), so an elastrain distribution never comes from an index (a guard
+checks). Everything is pinned by constraints.txt; sessions that install torch use pip, never uv, because only pip
+sees the local CPU wheel.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def screenshots(session: nox.Session) -> None:
 
 # Horovod 0.28.1 is an sdist that only builds here with these settings (about 8 minutes on 2 cores). The wheel is
 # kept in a cache outside the checkout, so later sessions and every fresh clone on the machine (CI's) install it in
-# seconds; one folder per constraints.txt and Python, so a new pin rebuilds. ELASTRAIN_HOROVOD_WHEELS moves it.
+# seconds; one folder per set of build inputs (_horovod_wheel_folder). ELASTRAIN_HOROVOD_WHEELS moves it.
 HOROVOD_WHEELS = Path(
     os.environ.get("ELASTRAIN_HOROVOD_WHEELS")
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "elastrain" / "horovod-wheels"
