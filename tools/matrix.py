@@ -196,11 +196,13 @@ def ci_cells(all_cells: list[Cell], seed: int) -> list[Cell]:
     passing = last_passed()
     candidates = [cell for cell in all_cells if not cell.pinned_latest]
     ray_floor = ray_versions()[0]
-    floor = [c for c in candidates if c.axis == "ray" and c.package == "executor" and c.pins["ray"] == ray_floor]
-    rest = [c for c in candidates if c not in floor and c.id in passing]
+    executor_floor = [
+        c for c in candidates if c.axis == "ray" and c.package == "executor" and c.pins["ray"] == ray_floor
+    ]
+    rest = [c for c in candidates if c not in executor_floor and c.id in passing]
     turn = ci_turn(seed)
     if turn % 2 == 0 or not rest:
-        return floor
+        return executor_floor
     return [rest[(turn // 2) % len(rest)]]
 
 
