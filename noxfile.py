@@ -769,9 +769,10 @@ def docs(session: nox.Session) -> None:
 
 
 # How many integration scenarios beyond those marked `ci = "always"` in scenarios.toml a CI run adds. They take
-# turns by day, so every scenario runs at least once in every ceil(others / this) days of CI, and the whole run
-# stays within its 50-minute budget.
-CI_ROTATED_SCENARIOS = 2
+# turns by day, so every scenario runs at least once in every ceil(others / this) days of CI (nine now), and the
+# whole run stays within its 50-minute budget: with two, a day with `faults` and `real-training` and the executor's
+# Ray floor came to about 52 min.
+CI_ROTATED_SCENARIOS = 1
 
 
 def ci_seed() -> int:
@@ -793,7 +794,7 @@ def ci_scenarios(seed: int) -> list[str]:
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
     """Everything CI must pass: lint, types, the docs site, every package's tests, the Horovod backend, the
-    integration scenarios marked `ci = "always"` and two of the others in turn by day, one cell of the version
+    integration scenarios marked `ci = "always"` and one of the others in turn by day, one cell of the version
     matrix in turn by day, the wheel build, and a summary. `nox -s integration` runs every scenario, `nox -s
     matrix` every cell."""
     shutil.rmtree(RESULTS, ignore_errors=True)
