@@ -168,7 +168,8 @@ def cells(test_extras: dict[str, tuple[str, ...]], test_siblings: dict[str, tupl
     pins = pinned_versions()
     for version in ray_versions():
         for package in releasing.packages():
-            if "ray" in direct_third_party(package, ()):
+            ray = direct_third_party(package, ()).get("ray")
+            if ray is not None and ray.specifier.contains(version):  # a Ray below its own floor is no cell
                 args = () if version == pins["ray"] else RAY_FACING_TESTS.get(package.folder, ())
                 found.append(Cell("ray", package.folder, {"ray": version}, pytest_args=args))
     for package in releasing.packages():
@@ -265,9 +266,10 @@ def last_passed() -> dict[str, int]:
     return {cell: int(seconds) for cell, seconds in found}
 
 
-def write_report(results: Path) -> str:
+def write_report(results: Path, current: set[str] | None = None) -> str:
     """Update docs/compatibility.md's table with the newest result of every cell in ``results``; a cell that did
-    not run this time keeps its row (with its date), so a partial run or a fresh clone never drops a result."""
+    not run this time keeps its row (with its date), so a partial run or a fresh clone never drops a result. Rows of
+    cells no longer in ``current`` (the matrix's cell ids; a floor went up) go."""
     text = REPORT.read_text()
     pattern = re.compile(re.escape(TABLE_START) + "(.*?)" + re.escape(TABLE_END), re.DOTALL)
     found = pattern.search(text)
@@ -277,6 +279,8 @@ def write_report(results: Path) -> str:
         if line.strip():
             row = json.loads(line)
             rows[str(row["cell"])] = _table_row(row)
+    if current is not None:
+        rows = {cell: line for cell, line in rows.items() if cell in current}
     header = "| cell | package | Ray | torch | floors and old siblings | result | time |\n|---|---|---|---|---|---|---|"
     table = "\n".join([header, *(rows[cell] for cell in sorted(rows, key=_row_order))])
     REPORT.write_text(pattern.sub(lambda _: f"{TABLE_START}\n{table}\n{TABLE_END}", text, count=1))
