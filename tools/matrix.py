@@ -35,7 +35,7 @@ TABLE_END = "<!-- matrix table end -->"
 # The executor's tests that reach Ray (every Ray API the package calls: actors, placement groups, node table,
 # scheduling strategies, runtime context, the raylet watch, Cluster nodes); the rest are pure-Python model tests,
 # torch numerics and doc checks that a Ray version cannot change. Five kills in a row make the same Ray calls as
-# the one kill of the tests around it, five times over (50 s). Keeps a Ray cell of the executor near 4 min: CI runs
+# the one kill of the tests around it, five times over (50 s). Keeps a Ray cell of the executor near 5 min: CI runs
 # the floor's every other day.
 RAY_FACING_TESTS = {
     "executor": (
