@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from elastic_training_kit import Recorder
 
 from elastrain.discovery import StaticHostDiscovery
 from elastrain.executor import RayExecutor, context, elastic, send
@@ -57,27 +58,8 @@ def train_until(min_steps: int, until_size: int, max_steps: int = 3000) -> int:
     return steps
 
 
-class Script:
-    """Changes discovery when the workers' messages show a condition; records every message."""
-
-    def __init__(self, discovery: StaticHostDiscovery, plan: list[tuple[Callable[[dict[str, Any]], bool], str]]):
-        self.discovery = discovery
-        self.plan = list(plan)
-        self.messages: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, message: dict[str, Any]) -> None:
-        with self.lock:
-            self.messages.append(message)
-            if self.plan and self.plan[0][0](message):
-                _, hosts = self.plan.pop(0)
-                self.discovery.set_hosts(hosts)
-
-    def count(self, event: str) -> int:
-        return sum(1 for m in self.messages if m["event"] == event)
-
-    def sizes(self) -> list[int]:
-        return [m["size"] for m in self.messages if m["event"] == "step"]
+def sizes(recorder: Recorder) -> list[int]:
+    return [m["size"] for m in recorder.events("step")]
 
 
 def size_seen(size: int) -> Callable[[dict[str, Any]], bool]:
@@ -92,37 +74,37 @@ def elastic_executor(discovery: StaticHostDiscovery, **kwargs: Any) -> RayExecut
 
 def test_hosts_added_then_removed() -> None:
     discovery = StaticHostDiscovery("host-1:2")
-    script = Script(discovery, [(size_seen(2), "host-1:2,host-2:1,host-3:1"), (size_seen(4), "host-2:1")])
+    script = Recorder(discovery, [(size_seen(2), "host-1:2,host-2:1,host-3:1"), (size_seen(4), "host-2:1")])
     with elastic_executor(discovery, min_workers=1) as executor:
         executor.start()
         results = executor.run(train_until, args=[5, 1], callbacks=[script])
     assert len(results) == 1
-    assert script.count("started") == 4
-    assert script.count("finished") == 1
-    assert {2, 4, 1} <= set(script.sizes())
+    assert len(script.events("started")) == 4
+    assert len(script.events("finished")) == 1
+    assert {2, 4, 1} <= set(sizes(script))
     assert script.plan == []
 
 
 def test_hosts_removed_then_added() -> None:
     discovery = StaticHostDiscovery("host-1:2,host-2:2,host-3:1")
-    script = Script(discovery, [(size_seen(5), "host-1:2"), (size_seen(2), "host-1:2,host-4:1,host-5:1")])
+    script = Recorder(discovery, [(size_seen(5), "host-1:2"), (size_seen(2), "host-1:2,host-4:1,host-5:1")])
     with elastic_executor(discovery, min_workers=1) as executor:
         executor.start()
         results = executor.run(train_until, args=[5, 4], callbacks=[script])
     assert len(results) == 4
-    assert script.count("finished") == 4
-    assert script.sizes()[-1] == 4
+    assert len(script.events("finished")) == 4
+    assert sizes(script)[-1] == 4
 
 
 def test_max_workers_is_never_exceeded() -> None:
     discovery = StaticHostDiscovery("host-1:1")
-    script = Script(discovery, [(size_seen(1), "host-1:2,host-2:2,host-3:2")])
+    script = Recorder(discovery, [(size_seen(1), "host-1:2,host-2:2,host-3:2")])
     with elastic_executor(discovery, min_workers=1, max_workers=2) as executor:
         executor.start()
         results = executor.run(train_until, args=[5, 2], callbacks=[script])
     assert len(results) == 2
-    assert max(script.sizes()) == 2
-    assert script.count("started") == 2
+    assert max(sizes(script)) == 2
+    assert len(script.events("started")) == 2
 
 
 def test_min_workers_waits_for_enough_slots() -> None:
@@ -194,7 +176,7 @@ def test_a_worker_that_raises_fails_the_job() -> None:
 
 def test_reset_limit_stops_the_job() -> None:
     discovery = StaticHostDiscovery("host-1:2")
-    script = Script(discovery, [(size_seen(2), "host-1:1"), (size_seen(1), "host-1:2")])
+    script = Recorder(discovery, [(size_seen(2), "host-1:1"), (size_seen(1), "host-1:2")])
     with elastic_executor(discovery, min_workers=1, reset_limit=1) as executor:
         executor.start()
         with pytest.raises(elastic.ElasticJobError, match=r"reset 2, beyond reset_limit=1"):
@@ -203,7 +185,7 @@ def test_reset_limit_stops_the_job() -> None:
 
 def test_below_min_workers_for_too_long_fails_mid_run() -> None:
     discovery = StaticHostDiscovery("host-1:2")
-    script = Script(discovery, [(size_seen(2), "host-1:1")])
+    script = Recorder(discovery, [(size_seen(2), "host-1:1")])
     with elastic_executor(discovery, min_workers=2, elastic_timeout=3.0) as executor:
         executor.start()
         start = time.monotonic()
@@ -215,7 +197,7 @@ def test_below_min_workers_for_too_long_fails_mid_run() -> None:
 def test_shutdown_from_another_thread_ends_a_running_job() -> None:
     """``shutdown()`` (e.g. a ``with`` block left on an error) stops the workers of a call still running."""
     discovery = StaticHostDiscovery("host-1:2")
-    script = Script(discovery, [])
+    script = Recorder(discovery, [])
     executor = elastic_executor(discovery, min_workers=2)
     executor.start()
     outcome: list[BaseException | int] = []
@@ -229,7 +211,7 @@ def test_shutdown_from_another_thread_ends_a_running_job() -> None:
     runner = threading.Thread(target=job)
     runner.start()
     deadline = time.monotonic() + 60
-    while script.count("step") < 10 and time.monotonic() < deadline:
+    while len(script.events("step")) < 10 and time.monotonic() < deadline:
         time.sleep(0.05)
     pids = {m["pid"] for m in script.messages if m["event"] == "started"}
     executor.shutdown()
