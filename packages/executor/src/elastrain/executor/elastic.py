@@ -44,6 +44,7 @@ from elastrain.executor._private.elastic.worker.runtime import (
     check_host_updates,
     run,
 )
+from elastrain.executor._private.elastic.worker.sharded_state import ShardedTorchState
 from elastrain.executor._private.elastic.worker.state import ObjectState, State, TorchState
 from elastrain.executor._private.errors import ElasticJobError
 
@@ -59,6 +60,7 @@ __all__ = [
     "State",
     "ObjectState",
     "TorchState",
+    "ShardedTorchState",
     "ElasticSampler",
     "DistributedDataParallel",
     "HostsUpdatedInterrupt",

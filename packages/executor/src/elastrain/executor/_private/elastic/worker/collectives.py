@@ -49,6 +49,32 @@ def broadcast_object(value: Any, source: int) -> Any:
     return pickle.loads(received)  # noqa: S301 - state of this job's own workers
 
 
+def all_gather_object(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``value``, in rank order (pickled; two all-gathers: the lengths, then the bytes padded to the
+    longest)."""
+    import torch
+    import torch.distributed as dist
+
+    device = collective_device() if group is None else torch.device("cpu")
+    size = dist.get_world_size(group)
+    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(size)]
+    dist.all_gather(lengths, length, group=group)
+    longest = max(int(n.item()) for n in lengths)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    wires = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(size)]
+    dist.all_gather(wires, mine.to(device), group=group)
+    values = []
+    for wire, n in zip(wires, lengths, strict=True):
+        received = bytearray(int(n.item()))  # torch without numpy: copy into a buffer pickle reads
+        if received:
+            torch.frombuffer(received, dtype=torch.uint8).copy_(wire[: len(received)])
+        values.append(pickle.loads(received))  # noqa: S301 - state of this job's own workers
+    return values
+
+
 def broadcast_tensors(
     tensors: Sequence[Any],
     source: int,

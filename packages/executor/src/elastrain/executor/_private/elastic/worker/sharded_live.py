@@ -1,0 +1,192 @@
+"""The live objects of a sharded state in one world: what ``build(mesh)`` made, seen as chunks.
+
+torch's ``get_state_dict`` names every tensor of the model and its optimizer by the parameter's fully qualified
+name, whatever the world; each ``DTensor`` among them is cut into chunks (one per rank, at a global offset), the
+rest (optimizer steps, buffers, settings) is the same on every rank. Keys here are ``model/<fqn>`` and
+``optimizer/<fqn>/<state>``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from elastrain.executor._private.elastic.worker.shard_copies import Layout
+from elastrain.executor._private.elastic.worker.shard_plan import TensorInfo
+
+
+def build_objects(build: Callable[[Any], Any], size: int) -> dict[str, Any]:
+    """Run ``build`` on a mesh over the current world and name what it returned."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device_type, (size,))
+    result = build(mesh)
+    if isinstance(result, torch.nn.Module):
+        built: dict[str, Any] = {"model": result}
+    elif isinstance(result, tuple) and len(result) == 2:
+        built = {"model": result[0], "optimizer": result[1]}
+    elif isinstance(result, dict):
+        built = dict(result)
+    else:
+        raise TypeError(
+            f"build(mesh) must return the sharded model, (model, optimizer), or a dict of named objects; it returned "
+            f"{type(result).__name__}."
+        )
+    modules = [n for n, v in built.items() if isinstance(v, torch.nn.Module)]
+    optimizers = [n for n, v in built.items() if isinstance(v, torch.optim.Optimizer)]
+    if len(modules) != 1 or len(optimizers) > 1:
+        raise TypeError(
+            f"build(mesh) must return one module and at most one optimizer (got modules {modules} and optimizers "
+            f"{optimizers}); wrap several modules in one nn.Module."
+        )
+    for name, value in built.items():
+        if name not in modules + optimizers and not callable(getattr(value, "state_dict", None)):
+            raise TypeError(f"build(mesh) returned {name}={value!r}, which has no state_dict(); return only state.")
+    return built
+
+
+class LiveShards:
+    """The model, optimizer and other objects one ``build(mesh)`` made, as chunks and a replicated part."""
+
+    def __init__(self, model: Any, optimizer: Any, others: dict[str, Any]) -> None:
+        self.model, self.optimizer, self.others = model, optimizer, others
+        self._state_dicts: tuple[dict[str, Any], dict[str, Any] | None] | None = None
+
+    @classmethod
+    def of(cls, built: Mapping[str, Any]) -> LiveShards:
+        import torch
+
+        model = next(v for v in built.values() if isinstance(v, torch.nn.Module))
+        optimizer = next((v for v in built.values() if isinstance(v, torch.optim.Optimizer)), None)
+        others = {n: v for n, v in built.items() if v is not model and v is not optimizer}
+        return cls(model, optimizer, others)
+
+    def _fetch(self, init_optimizer: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self.optimizer is None:
+            return get_model_state_dict(self.model), None
+        if not init_optimizer and not self.optimizer.state:
+            # torch's get_state_dict would give an optimizer without state some (a step at lr 0), and a step
+            # count of 1: a fresh optimizer stays fresh, as it is in a job that never failed.
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            return get_model_state_dict(self.model), {"state": {}, "param_groups": groups}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return model_sd, optim_sd
+
+    def _entries(self, fresh: bool = True, init_optimizer: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(sharded: key → DTensor, plain: key → tensor or value) of the current state."""
+        from torch.distributed.tensor import DTensor
+
+        if fresh or self._state_dicts is None:
+            self._state_dicts = self._fetch(init_optimizer)
+        model_sd, optim_sd = self._state_dicts
+        flat: dict[str, Any] = {f"model/{fqn}": value for fqn, value in model_sd.items()}
+        if optim_sd is not None:
+            for fqn, entries in optim_sd["state"].items():
+                for name, value in entries.items():
+                    flat[f"optimizer/{fqn}/{name}"] = value
+        sharded = {k: v for k, v in flat.items() if isinstance(v, DTensor)}
+        plain = {k: v for k, v in flat.items() if not isinstance(v, DTensor)}
+        return sharded, plain
+
+    def layout(self, init_optimizer: bool = False) -> Layout:
+        """Which chunk of each sharded tensor this rank holds (fetches the state dicts anew). ``init_optimizer``:
+        give an optimizer without state its state first, to load a committed one into."""
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        sharded, _ = self._entries(init_optimizer=init_optimizer)
+        chunks = {}
+        for key, tensor in sharded.items():
+            shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+            info = TensorInfo(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+            chunks[key] = ((tuple(offset), tuple(shape)), info)
+        return Layout(chunks)
+
+    def copy_into(self, views: Mapping[str, Any]) -> None:
+        """This rank's chunks into a copy's buffer (of the layout :meth:`layout` just fetched)."""
+        import torch
+
+        sharded, _ = self._entries(fresh=False)
+        with torch.no_grad():
+            for key, tensor in sharded.items():
+                views[key].copy_(tensor.to_local())
+
+    def replicated(self) -> dict[str, Any]:
+        """What every rank holds alike: tensors that are not sharded, optimizer settings, the other objects."""
+        from elastrain.executor._private.elastic.worker.handlers import clone
+
+        _, plain = self._entries(fresh=False)
+        optim_sd = self._state_dicts[1] if self._state_dicts is not None else None
+        return {
+            "plain": clone(plain),
+            "param_groups": copy.deepcopy(optim_sd["param_groups"]) if optim_sd is not None else None,
+            "optimizer_has_state": bool(optim_sd and optim_sd["state"]),
+            "others": {name: copy.deepcopy(value.state_dict()) for name, value in self.others.items()},
+        }
+
+    def targets(self) -> dict[str, Any]:
+        """Each sharded tensor's local chunk, to load into (of the state dicts :meth:`layout` fetched)."""
+        import torch
+
+        sharded, _ = self._entries(fresh=False)
+        with torch.no_grad():
+            return {key: tensor.to_local() for key, tensor in sharded.items()}
+
+    def finish_load(self, replicated: Mapping[str, Any]) -> None:
+        """The chunks are in :meth:`targets`: add the replicated part and load it all into the objects."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if self._state_dicts is None:
+            raise RuntimeError("finish_load() needs the state dicts layout() fetched.")
+        model_sd, optim_sd = self._state_dicts
+        with torch.no_grad():
+            for key, value in replicated.get("plain", {}).items():
+                _, _, rest = key.partition("/")
+                if key.startswith("model/"):
+                    model_sd[rest] = _placed(value, model_sd.get(rest))
+                elif optim_sd is not None:
+                    fqn, _, name = rest.rpartition("/")
+                    optim_sd["state"].setdefault(fqn, {})[name] = _placed(
+                        value, optim_sd["state"].get(fqn, {}).get(name)
+                    )
+        if optim_sd is not None and replicated.get("param_groups") is not None:
+            for group, saved in zip(optim_sd["param_groups"], replicated["param_groups"], strict=True):
+                group.update({k: copy.deepcopy(v) for k, v in saved.items() if k != "params"})
+        if optim_sd is None:
+            set_model_state_dict(self.model, model_sd)
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+            if not replicated.get("optimizer_has_state", True):
+                self.optimizer.state.clear()  # committed before its first step: so is the new one
+        for name, saved in replicated.get("others", {}).items():
+            if name in self.others:
+                self.others[name].load_state_dict(copy.deepcopy(saved))
+
+    def forget_optimizer_init(self) -> None:
+        """Nothing was loaded: an optimizer that got state only to be loaded into starts fresh after all."""
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+
+    def load_from(self, views: Mapping[str, Any], replicated: Mapping[str, Any]) -> None:
+        """Roll the objects back to a copy of this rank's own layout."""
+        import torch
+
+        with torch.no_grad():
+            for key, target in self.targets().items():
+                target.copy_(views[key])
+        self.finish_load(replicated)
+
+
+def _placed(value: Any, like: Any) -> Any:
+    """``value`` on the device of the tensor it replaces."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and isinstance(like, torch.Tensor):
+        return value.to(like.device)
+    return copy.deepcopy(value)

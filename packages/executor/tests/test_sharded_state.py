@@ -1,0 +1,76 @@
+"""ShardedTorchState across real worlds of processes: an FSDP2 model loses a worker, shrinks, grows, and ends with
+the failure-free run's weights; losing a shard and its buddy at once loses the state, and says so.
+
+The worlds are formed by ``sharded_local.py`` (gloo on a fresh store per world, no Ray): the state, its copies,
+its buddy ring and every transfer are the real ones.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from sharded_local import reference, run_script
+
+pytest.importorskip("torch.distributed.fsdp")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def assert_weights_match(result: dict, steps: int) -> None:
+    expected = reference(steps)
+    assert result["step"] == steps
+    for name, tensor in expected.items():
+        torch.testing.assert_close(torch.tensor(result["weights"][name]), tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_a_lost_worker_is_recovered_from_memory_and_a_newcomer_joins(tmp_path: Path) -> None:
+    script = {
+        "worlds": [[free_port(), [0, 1, 2, 3], 12], [free_port(), [0, 1, 2], 10], [free_port(), [0, 1, 2, 4], 14]],
+        "exits": {"3": 5},  # worker 3 dies after its 5th commit; the others fail in step 6
+        "linger_s": 0.3,  # long enough for its copy of commit 5 to reach its buddy
+    }
+    results = run_script(script, tmp_path)
+    assert sorted(results) == [0, 1, 2, 4], results
+    for _worker, result in results.items():
+        assert "error" not in result, result
+        assert_weights_match(result, 14)
+    survivor = results[0]["loads"]
+    assert [load["path"] for load in survivor] == ["fresh", "memory", "memory"]
+    lost, grown = survivor[1], survivor[2]
+    assert (lost["commits"], lost["lost_commits"]) == (5, 0)  # nothing committed was lost
+    assert grown["commits"] == 10
+    newcomer = results[4]["loads"]
+    assert [load["path"] for load in newcomer] == ["memory"]
+    assert newcomer[0]["received_bytes"] > 0
+    assert newcomer[0]["local_bytes"] == 0
+
+
+def test_losing_a_shard_and_its_buddy_at_once_loses_the_state(tmp_path: Path) -> None:
+    script = {
+        "worlds": [[free_port(), [0, 1, 2, 3], 12], [free_port(), [0, 1], 12]],
+        "exits": {"2": 4, "3": 4},  # rank 2's chunks lived on rank 2 and on its buddy, rank 3
+        "linger_s": 0.3,
+    }
+    results = run_script(script, tmp_path)
+    assert sorted(results) == [0, 1]
+    for result in results.values():
+        assert "ElasticJobError" in result["error"], result
+        assert "lost with its last holder" in result["error"]
+
+
+def test_without_redundancy_one_lost_worker_loses_the_state(tmp_path: Path) -> None:
+    script = {
+        "worlds": [[free_port(), [0, 1, 2], 12], [free_port(), [0, 1], 12]],
+        "exits": {"2": 3},
+        "every": 0,
+    }
+    results = run_script(script, tmp_path)
+    assert sorted(results) == [0, 1]
+    assert all("ElasticJobError" in r["error"] for r in results.values()), results
