@@ -23,6 +23,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def assert_failed_fast(results: dict) -> None:
+    """Every survivor's failed collective failed because a peer's connection closed, none by waiting out the
+    timeout: a worker leaving a failed world frees its group, so no peer is left waiting on it."""
+    for result in results.values():
+        for failure in result["failures"]:
+            assert "Timed out" not in failure, failure
+
+
 def assert_weights_match(result: dict, steps: int) -> None:
     expected = reference(steps)
     assert result["step"] == steps
@@ -38,6 +46,7 @@ def test_a_lost_worker_is_recovered_from_memory_and_a_newcomer_joins(tmp_path: P
     }
     results = run_script(script, tmp_path)
     assert sorted(results) == [0, 1, 2, 4], results
+    assert_failed_fast(results)
     for _worker, result in results.items():
         assert "error" not in result, result
         assert_weights_match(result, 14)
@@ -60,6 +69,7 @@ def test_losing_a_shard_and_its_buddy_at_once_loses_the_state(tmp_path: Path) ->
     }
     results = run_script(script, tmp_path)
     assert sorted(results) == [0, 1]
+    assert_failed_fast(results)
     for result in results.values():
         assert "ElasticJobError" in result["error"], result
         assert "lost with its last holder" in result["error"]

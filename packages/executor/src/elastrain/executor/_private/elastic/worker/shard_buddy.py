@@ -16,7 +16,7 @@ from typing import Any
 from elastrain.executor._private.elastic.worker.shard_copies import Copy, Layout
 from elastrain.executor._private.elastic.worker.shard_plan import ring_shift
 
-# How long a world's end waits for a ward copy still arriving. A receive from a peer that died fails within tens
+# How long after a world's end a ward copy still arriving may take. A receive from a peer that died fails within tens
 # of milliseconds (gloo sees the connection close), and one from a live peer is usually done: the wait is short
 # either way, and buys the newest version instead of the one before.
 _ARRIVAL_WAIT_S = 0.5
@@ -42,6 +42,8 @@ class Redundancy:
         self._confirmed: Copy | None = None
         self._spare: Any = None  # a ward buffer no longer needed, reused by the next exchange
         self._frozen: list[Copy] = []  # ward copies kept across a reset, until the sync used them
+        self._arriving: _Exchange | None = None  # the exchange in flight when the world ended
+        self._arrival_deadline = 0.0
 
     # -- a world's ring ---------------------------------------------------------------------------------------
 
@@ -49,7 +51,7 @@ class Redundancy:
         """Join the new world's ring (a collective: every member calls it, right after the sync)."""
         import torch.distributed as dist
 
-        self._frozen = []
+        self._frozen, self._arriving = [], None
         if self.every <= 0 or size < 2:
             return
         # A group of its own: its transfers run on their own connections, beside training's collectives.
@@ -60,12 +62,14 @@ class Redundancy:
         self._announced = Layout(layouts[rank])
 
     def freeze(self) -> None:
-        """The world ends (before its group closes): keep the ward copies that arrived whole; drop the rest."""
-        held = [] if self._confirmed is None else [self._confirmed]
-        exchange = self._in_flight
-        if exchange is not None and _arrived(exchange.works[1]):
-            held.append(exchange.ward_copy)
-        self._frozen = held
+        """The world ends (before its group closes): keep the confirmed ward copy, and the one in flight until
+        :meth:`ward_copies` knows whether it arrived whole. Never waits: the world's group is freed sooner, and
+        peers still waiting on this rank in its collectives fail sooner."""
+        import time
+
+        self._frozen = [] if self._confirmed is None else [self._confirmed]
+        self._arriving = self._in_flight
+        self._arrival_deadline = time.monotonic() + _ARRIVAL_WAIT_S
         self.group, self._in_flight, self._confirmed, self._spare = None, None, None, None
         self.buddy = self.ward = -1
 
@@ -81,7 +85,13 @@ class Redundancy:
         return kept
 
     def ward_copies(self) -> list[Copy]:
-        """The ward copies this rank can offer at a reset."""
+        """The ward copies this rank can offer at a reset (a copy still arriving when the world ended counts if it
+        arrives whole by a short deadline)."""
+        import time
+
+        exchange, self._arriving = self._arriving, None
+        if exchange is not None and _arrived(exchange.works[1], self._arrival_deadline - time.monotonic()):
+            self._frozen.append(exchange.ward_copy)
         return list(self._frozen)
 
     def due(self, commits: int) -> bool:
@@ -150,13 +160,13 @@ class Redundancy:
         return sum(int(c.buffer.numel()) for c in copies)
 
 
-def _arrived(work: Any) -> bool:
-    """Whether a receive completed whole, waiting for it at most ``_ARRIVAL_WAIT_S`` (gloo's point-to-point
-    works report completion only through ``wait``)."""
+def _arrived(work: Any, wait_s: float) -> bool:
+    """Whether a receive completed whole, waiting for it at most ``wait_s`` (gloo's point-to-point works report
+    completion only through ``wait``)."""
     import datetime
 
     try:
-        work.wait(timeout=datetime.timedelta(seconds=_ARRIVAL_WAIT_S))
-    except Exception:
+        work.wait(timeout=datetime.timedelta(seconds=max(wait_s, 0.001)))
+    except Exception:  # noqa: BLE001 - timed out, or its sender died: it brought nothing
         return False
     return True

@@ -16,8 +16,8 @@ from elastrain.executor._private.elastic.worker.shard_copies import Layout
 from elastrain.executor._private.elastic.worker.shard_plan import TensorInfo
 
 
-def build_objects(build: Callable[[Any], Any], size: int) -> dict[str, Any]:
-    """Run ``build`` on a mesh over the current world and name what it returned."""
+def build_objects(build: Callable[[Any], Any], size: int) -> tuple[Any, dict[str, Any]]:
+    """Run ``build`` on a mesh over the current world; the mesh, and what it returned by name."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -46,7 +46,20 @@ def build_objects(build: Callable[[Any], Any], size: int) -> dict[str, Any]:
     for name, value in built.items():
         if name not in modules + optimizers and not callable(getattr(value, "state_dict", None)):
             raise TypeError(f"build(mesh) returned {name}={value!r}, which has no state_dict(); return only state.")
-    return built
+    return mesh, built
+
+
+def release_mesh(mesh: Any) -> None:
+    """Let go of the groups a world's mesh holds.
+
+    torch caches sharding specs that refer to the mesh, so the mesh outlives the world, and with it the process
+    group in its registry. A gloo group closes its connections only when it is freed: held, a peer still
+    waiting on this rank in a collective of the failed world would wait out the whole collective timeout
+    instead of failing at once.
+    """
+    registry = getattr(mesh, "_pg_registry", None)
+    if isinstance(registry, dict):
+        registry.clear()
 
 
 class LiveShards:

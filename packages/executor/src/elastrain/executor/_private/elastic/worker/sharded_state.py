@@ -25,7 +25,7 @@ from elastrain.executor._private.elastic.worker.shard_buddy import Redundancy
 from elastrain.executor._private.elastic.worker.shard_copies import Copy, Layout, chunk_tensor, merged_holdings
 from elastrain.executor._private.elastic.worker.shard_plan import ShardPlan, plan_shards
 from elastrain.executor._private.elastic.worker.shard_transfer import move_pieces
-from elastrain.executor._private.elastic.worker.sharded_live import LiveShards, build_objects
+from elastrain.executor._private.elastic.worker.sharded_live import LiveShards, build_objects, release_mesh
 from elastrain.executor._private.elastic.worker.state import State, _check_names
 from elastrain.executor._private.elastic.worker.state_loss import state_lost_error
 
@@ -37,6 +37,7 @@ class _Shards:
     build: Callable[[Any], Any]
     redundancy: Redundancy
     built: dict[str, Any] = field(default_factory=dict)  # what build() returned, by name
+    mesh: Any = None  # the current world's mesh
     live: LiveShards | None = None
     own: list[Copy] = field(default_factory=list)  # this rank's own copies, oldest first
     version: int = 0  # the number of the last save
@@ -128,6 +129,9 @@ class ShardedTorchState(State):
         shards.redundancy.freeze()
         shards.live = None
         shards.built = {}
+        if shards.mesh is not None:
+            release_mesh(shards.mesh)
+            shards.mesh = None
         # FSDP's modules and hooks refer to each other, so only the cycle collector frees them, and with them the
         # old mesh's hold on the group: until then its connections stay open, and a peer still waiting in a
         # collective on this rank waits out the whole timeout instead of failing at once.
@@ -218,7 +222,7 @@ class ShardedTorchState(State):
         job = runtime.current()
         rank, size = dist.get_rank(), dist.get_world_size()
         job.role = role_before
-        shards.built = build_objects(shards.build, size)
+        shards.mesh, shards.built = build_objects(shards.build, size)
         shards.live = live = LiveShards.of(shards.built)
         targets = live.layout(init_optimizer=True)
         held = [*shards.own, *shards.redundancy.ward_copies()]
