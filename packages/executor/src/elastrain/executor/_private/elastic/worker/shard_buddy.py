@@ -167,6 +167,6 @@ def _arrived(work: Any, wait_s: float) -> bool:
 
     try:
         work.wait(timeout=datetime.timedelta(seconds=max(wait_s, 0.001)))
-    except Exception:  # noqa: BLE001 - timed out, or its sender died: it brought nothing
+    except Exception:  # timed out, or its sender died: it brought nothing
         return False
     return True

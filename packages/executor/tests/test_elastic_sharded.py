@@ -1,0 +1,105 @@
+"""An FSDP2 job under RayExecutor, written as a user writes it: a worker crashes mid-run, the survivors go on
+from their in-memory copies without restarting, a replacement joins, and the weights end where a run without
+failures ends.
+
+All hosts are fake ``node:host-N`` resources on one Ray node (conftest.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from elastic_training_kit import BATCH, Recorder, batch_for, crash_if_marked, elastic_executor, last_step, make_model
+
+from elastrain.discovery import StaticHostDiscovery
+from elastrain.executor import elastic, send
+
+pytestmark = pytest.mark.usefixtures("ray_with_scripted_hosts")
+
+LR = 0.01
+
+
+def train_fsdp(steps: int | str, crash_dir: str | None) -> dict[str, Any]:
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    def build(mesh: Any) -> Any:
+        model = make_model()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.AdamW(model.parameters(), lr=LR)
+
+    state = elastic.ShardedTorchState(build, step=0)
+
+    @elastic.run
+    def loop(state: elastic.ShardedTorchState) -> dict[str, Any]:
+        model, optimizer = state.model, state.optimizer
+        rank, size = dist.get_rank(), dist.get_world_size()
+        send({"event": "load", "rank": rank, "size": size, "pid": os.getpid(), **state.last_load})
+        while state.step < last_step(steps):
+            crash_if_marked(crash_dir, rank, state.step)
+            inputs, targets = batch_for(state.step)
+            shard = slice(rank * BATCH // size, (rank + 1) * BATCH // size)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(inputs[shard]), targets[shard]).backward()
+            optimizer.step()
+            state.step += 1
+            send({"event": "step", "step": state.step, "size": size, "rank": rank})
+            state.commit()
+        with torch.no_grad():
+            return {name: tensor.full_tensor().clone() for name, tensor in model.state_dict().items()}
+
+    result: dict[str, Any] = loop(state)
+    return result
+
+
+def reference_weights(steps: int) -> dict[str, Any]:
+    """The same training in one process: FSDP averages equal shards' gradients, as one full batch does."""
+    import torch
+
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    for step in range(steps):
+        inputs, targets = batch_for(step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def test_fsdp_job_survives_a_crash_from_memory_and_takes_a_replacement(crash_dir: Path) -> None:
+    import torch
+
+    (crash_dir / "crash-2-5").touch()
+    discovery = StaticHostDiscovery("host-1:1,host-2:1,host-3:1")
+    stop_file = crash_dir / "stop"
+    recorder = Recorder(
+        discovery, [(lambda m: m["event"] == "step" and m["size"] == 2, None)], stop_file=stop_file, final_size=3
+    )
+    with elastic_executor(discovery, min_workers=2, max_workers=3) as executor:
+        executor.start()
+        results = executor.run(train_fsdp, args=[str(stop_file), str(crash_dir)], callbacks=[recorder])
+    assert not (crash_dir / "crash-2-5").exists(), "the planned crash did not happen"
+    loads = recorder.events("load")
+    first = [m for m in loads if m["path"] == "fresh"]
+    assert sorted(m["rank"] for m in first) == [0, 1, 2]
+    survivors = {m["pid"] for m in first if m["rank"] in (0, 1)}
+    after_crash = [m for m in loads if m["size"] == 2]
+    assert after_crash, "the survivors never formed a world of two"
+    assert all(m["path"] == "memory" and m["lost_commits"] == 0 for m in after_crash), after_crash
+    assert {m["pid"] for m in after_crash} == survivors, "the survivors were restarted"
+    regrown = [m for m in loads if m["size"] == 3 and m["path"] == "memory"]
+    assert any(m["pid"] not in survivors for m in regrown), "the replacement never joined"
+    steps = int(stop_file.read_text())
+    expected = reference_weights(steps)
+    assert len(results) == 3
+    for weights in results:
+        for name, value in expected.items():
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
