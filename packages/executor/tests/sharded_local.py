@@ -97,6 +97,45 @@ class LocalJob:
 COLLECTIVE_TIMEOUT_S = 30
 
 
+class FolderPersistence:
+    """The sharded persistence protocol on a local folder (what elastrain-durable's ShardedStatePersistence
+    implements on any store): ``<folder>/<name>/part-NNNNN/...``, committed by a ``COMMITTED`` file last."""
+
+    sharded = True
+
+    def __init__(self, folder: str, every: int) -> None:
+        self.folder, self.every = Path(folder), every
+
+    def due(self, commits: int) -> bool:
+        return commits % self.every == 0
+
+    def begin(self, step: int) -> str:
+        name = f"step-{step:06d}"
+        (self.folder / name).mkdir(parents=True, exist_ok=True)
+        return name
+
+    def upload_part(self, name: str, part: str, local_dir: str) -> list[dict[str, Any]]:
+        import shutil
+
+        shutil.copytree(local_dir, self.folder / name / part)
+        return [{"path": f"{part}/{p.name}"} for p in Path(local_dir).iterdir()]
+
+    def commit(self, name: str, parts: list[Any], *, step: int, metrics: Any, index_files: dict[str, bytes]) -> None:
+        for relative, data in index_files.items():
+            (self.folder / name / relative).write_bytes(data)
+        (self.folder / name / "COMMITTED").write_text(json.dumps({"step": step, "parts": parts}))
+
+    def latest(self) -> str | None:
+        committed = sorted(p.parent.name for p in self.folder.glob("*/COMMITTED"))
+        return committed[-1] if committed else None
+
+    def download(self, name: str, local_dir: str) -> int:
+        import shutil
+
+        shutil.copytree(self.folder / name, local_dir)
+        return int(json.loads((self.folder / name / "COMMITTED").read_text())["step"])
+
+
 def form(port: int, rank: int, size: int) -> None:
     import torch.distributed as dist
 
@@ -119,6 +158,8 @@ def member(worker: int, script: dict[str, Any], out: str) -> None:
     job = LocalJob(node=worker)
     runtime.install(job)  # type: ignore[arg-type]
     state = elastic.ShardedTorchState(build, redundancy_every=script.get("every", 1), step=0)
+    if "persist" in script:
+        state.persist_with(FolderPersistence(script["persist"]["folder"], every=script["persist"]["every"]))
     exit_at = script.get("exits", {}).get(str(worker), -1)
     result: dict[str, Any] = {"worker": worker, "loads": [], "failures": []}
     for index, (port, members, last) in enumerate(script["worlds"]):
@@ -159,6 +200,7 @@ def member(worker: int, script: dict[str, Any], out: str) -> None:
         # through its mesh the old group) any more, so the group's connections close with it.
         del model, optimizer
     if "error" not in result:
+        state._flush_all_ranks()
         full = {}
         with torch.no_grad():
             for name, tensor in state.model.state_dict().items():

@@ -84,3 +84,27 @@ def test_without_redundancy_one_lost_worker_loses_the_state(tmp_path: Path) -> N
     results = run_script(script, tmp_path)
     assert sorted(results) == [0, 1]
     assert all("ElasticJobError" in r["error"] for r in results.values()), results
+
+
+def test_a_state_lost_from_memory_resumes_from_its_sharded_checkpoint_at_another_world_size(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    script = {
+        "worlds": [[free_port(), [0, 1, 2, 3], 12], [free_port(), [0, 1, 2], 12]],
+        "exits": {"3": 5},
+        "every": 0,  # no in-memory copies: losing a worker loses a shard
+        "persist": {"folder": str(folder), "every": 2},
+    }
+    results = run_script(script, tmp_path)
+    assert sorted(results) == [0, 1, 2]
+    assert_failed_fast(results)
+    for result in results.values():
+        assert "error" not in result, result
+        assert_weights_match(result, 12)
+        resumed = result["loads"][1]
+        assert resumed["path"] == "persisted"
+        assert resumed["commits"] in (2, 4)  # commit 4's checkpoint may still have been on its way
+        assert resumed["lost_commits"] == 5 - resumed["commits"]
+    committed = sorted(p.parent.name for p in folder.glob("*/COMMITTED"))
+    assert committed[-1] == "step-000012"  # the last due commit was written before the job returned
+    parts = sorted(p.name for p in (folder / "step-000012").iterdir())
+    assert parts == [".metadata", "COMMITTED", "part-00000", "part-00001", "part-00002"]

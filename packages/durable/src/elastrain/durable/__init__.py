@@ -27,6 +27,7 @@ from elastrain.durable._private.errors import (
 )
 from elastrain.durable._private.fsspec_client import FsspecSyncClient
 from elastrain.durable._private.futures import CheckpointFuture
+from elastrain.durable._private.sharded import ShardedStatePersistence
 from elastrain.durable._private.store import CheckpointStore
 from elastrain.durable._private.sync_client import SyncClient
 from elastrain.durable._version import __version__
@@ -41,6 +42,7 @@ __all__ = [
     "ArrowSyncClient",
     "CommandSyncClient",
     "StatePersistence",
+    "ShardedStatePersistence",
     "DurableError",
     "CheckpointNotFoundError",
     "CheckpointCorruptedError",

@@ -136,6 +136,13 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
 def _flush_persistence(state: State) -> None:
     """Rank 0 waits for the persisted state's upload in flight (bounded by the store's own deadlines); a failure
     there no longer fails the job."""
+    flush_all_ranks = getattr(state, "_flush_all_ranks", None)
+    if callable(flush_all_ranks):  # a sharded state: every rank writes its part
+        try:
+            flush_all_ranks()
+        except Exception as error:
+            logger.warning("Persisting the final state failed: %s", first_line(error))
+        return
     persistence = getattr(getattr(state, "_book", None), "persistence", None)
     if persistence is None or rank() != 0:
         return

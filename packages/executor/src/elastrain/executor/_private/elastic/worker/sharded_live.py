@@ -68,6 +68,7 @@ class LiveShards:
     def __init__(self, model: Any, optimizer: Any, others: dict[str, Any]) -> None:
         self.model, self.optimizer, self.others = model, optimizer, others
         self._state_dicts: tuple[dict[str, Any], dict[str, Any] | None] | None = None
+        self.placements: dict[str, Any] = {}  # each sharded tensor's placements, as of the last layout()
 
     @classmethod
     def of(cls, built: Mapping[str, Any]) -> LiveShards:
@@ -118,6 +119,7 @@ class LiveShards:
             shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
             info = TensorInfo(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
             chunks[key] = ((tuple(offset), tuple(shape)), info)
+            self.placements[key] = tuple(tensor.placements)
         return Layout(chunks)
 
     def copy_into(self, views: Mapping[str, Any]) -> None:
@@ -180,6 +182,36 @@ class LiveShards:
         for name, saved in replicated.get("others", {}).items():
             if name in self.others:
                 self.others[name].load_state_dict(copy.deepcopy(saved))
+
+    def load_dcp(self, path: str) -> dict[str, Any]:
+        """Load a sharded checkpoint (a DCP folder) into the objects, resharded onto this world; returns what it
+        keeps besides the model and optimizer. Every member calls it at once (DCP plans over the world's group)."""
+        import io
+        import pickle
+
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+        if self._state_dicts is None:
+            raise RuntimeError("load_dcp() needs the state dicts layout() fetched.")
+        model_sd, optim_sd = self._state_dicts
+        extra = io.BytesIO()
+        state: dict[str, Any] = {"model": model_sd, "elastrain": extra}
+        if optim_sd is not None:
+            state["optimizer"] = optim_sd
+        # Partial: a checkpoint of a commit before the optimizer's first step has no optimizer state to load.
+        dcp_load(state, storage_reader=FileSystemReader(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+        loaded = state["elastrain"]
+        kept: dict[str, Any] = pickle.loads(loaded.getvalue())  # noqa: S301 - the job's own checkpoint
+        self.finish_load(
+            {
+                "param_groups": kept.get("param_groups"),
+                "optimizer_has_state": kept.get("optimizer_has_state", True),
+                "others": kept.get("others", {}),
+            }
+        )
+        return kept
 
     def forget_optimizer_init(self) -> None:
         """Nothing was loaded: an optimizer that got state only to be loaded into starts fresh after all."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +24,13 @@ from elastrain.executor._private.elastic.worker.handlers import StateHandler, ha
 from elastrain.executor._private.elastic.worker.reset import ResetPlan, StateLoss, SyncRole
 from elastrain.executor._private.elastic.worker.shard_buddy import Redundancy
 from elastrain.executor._private.elastic.worker.shard_copies import Copy, Layout, chunk_tensor, merged_holdings
+from elastrain.executor._private.elastic.worker.shard_persist import ShardPersister, check_sharded_persistence
 from elastrain.executor._private.elastic.worker.shard_plan import ShardPlan, plan_shards
 from elastrain.executor._private.elastic.worker.shard_transfer import move_pieces
 from elastrain.executor._private.elastic.worker.sharded_live import LiveShards, build_objects, release_mesh
 from elastrain.executor._private.elastic.worker.state import State, _check_names
 from elastrain.executor._private.elastic.worker.state_loss import state_lost_error
+from elastrain.executor._private.errors import first_line
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -43,6 +46,7 @@ class _Shards:
     version: int = 0  # the number of the last save
     handlers: dict[str, StateHandler] = field(default_factory=dict)  # samplers, schedulers: replicated
     last_load: dict[str, Any] = field(default_factory=dict)  # what the last reset did (also reported as an event)
+    persister: ShardPersister | None = None
 
 
 class ShardedTorchState(State):
@@ -127,6 +131,8 @@ class ShardedTorchState(State):
 
         shards = self._shards
         shards.redundancy.freeze()
+        if shards.persister is not None:
+            shards.persister.end_world()
         shards.live = None
         shards.built = {}
         if shards.mesh is not None:
@@ -146,6 +152,10 @@ class ShardedTorchState(State):
         shards.redundancy.before_save()
         own = self._save_copy(commits)
         shards.redundancy.after_save(own, due)
+        persister = shards.persister
+        if persister is not None and persister.persistence.due(commits):
+            fault_point("persist_handoff")
+            persister.submit(own)
         self._book.commits = commits
         runtime.held_commits(commits)
         try:
@@ -172,6 +182,8 @@ class ShardedTorchState(State):
         live = self._live()
         layout = live.layout()
         keep = shards.redundancy.kept_versions()
+        if shards.persister is not None:
+            keep |= shards.persister.pinned_versions()
         reusable = next((c for c in shards.own if c.version not in keep and c.layout == layout), None)
         buffer = reusable.buffer if reusable is not None else layout.allocate()
         shards.own = [c for c in shards.own if c.version in keep and c is not reusable]
@@ -245,12 +257,16 @@ class ShardedTorchState(State):
         layouts = all_gather_object(own.layout.describe()) if ring else []
         shards.redundancy.start_world(rank, size, [g[2] for g in gathered], layouts)
         shards.redundancy.send_now(own)
+        if shards.persister is not None:
+            shards.persister.start_world(rank, size, shards.mesh, self._live().placements)
         book.synced = True
         runtime.held_commits(book.commits)
 
     def _load(self, plan: ShardPlan, rank: int, held: list[Copy], high_water: int, gathered: list[Any]) -> None:
         book, shards = self._book, self._shards
         job = runtime.current()
+        if plan.version is None and self._load_persisted(rank, high_water):
+            return
         if plan.version is None:
             anyone_committed = high_water > 0 or any(h.commits > 0 for g in gathered for h in g[0])
             if anyone_committed:
@@ -310,6 +326,55 @@ class ShardedTorchState(State):
         }
         self._report(rank)
 
+    def _load_persisted(self, rank: int, high_water: int) -> bool:
+        """No version is whole in memory: every member loads the latest sharded checkpoint, if there is one."""
+        import tempfile
+
+        shards, job = self._shards, runtime.current()
+        if shards.persister is None:
+            return False
+        persistence = shards.persister.persistence
+        name = None
+        if rank == 0:
+            try:
+                name = persistence.latest()
+            except Exception as error:  # every member must hear it: they meet in the broadcast below
+                logger.warning("Could not list the sharded checkpoints: %s", first_line(error))
+        name = broadcast_object(name, 0)
+        if name is None:
+            return False
+        with tempfile.TemporaryDirectory(prefix="elastrain-dcp-load-") as scratch:
+            folder = os.path.join(scratch, "checkpoint")
+            commits = int(persistence.download(name, folder))
+            kept = self._live().load_dcp(folder)
+        self._load_replicated({"values": kept.get("values", {}), "handlers": kept.get("handlers", {})})
+        lost = max(high_water - commits, 0)
+        if lost:
+            logger.warning(
+                "The sharded state was lost from memory at %d commits; resumed from the sharded checkpoint of commit "
+                "%d: the %d commits after it are redone.",
+                high_water,
+                commits,
+                lost,
+            )
+        self._book.commits = commits
+        shards.last_load = {
+            "path": "persisted",
+            "generation": job.generation,
+            "version": None,
+            "commits": commits,
+            "lost_commits": lost,
+            "checkpoint": str(name),
+        }
+        self._report(rank)
+        return True
+
+    def _flush_all_ranks(self) -> None:
+        """When the training function returns: every rank waits for its part of the checkpoint in flight."""
+        persister = self._shards.persister
+        if persister is not None:
+            persister.flush()
+
     def _report(self, rank: int) -> None:
         if rank == 0:
             runtime.current().report_event("sharded_state_loaded", dict(self._shards.last_load))
@@ -327,10 +392,15 @@ class ShardedTorchState(State):
         )
 
     def persist_with(self, persistence: Any) -> None:
-        raise TypeError(
-            "ShardedTorchState does not take a whole-state persistence: rank 0 does not hold the whole state. "
-            "Sharded checkpoints from every rank are not available yet; keep redundancy_every on."
-        )
+        """Also write sharded checkpoints, every rank its part: ``elastrain.durable.ShardedStatePersistence(uri)``.
+
+        At every commit it calls due, each rank hands its committed copy to a background thread that writes it in
+        PyTorch's DCP format and uploads it; the checkpoint commits once every part is in. When no version is whole
+        in memory (a fresh job on the same URI, or a shard lost with its buddy), every member loads the latest
+        checkpoint, resharded onto the new world."""
+        check_sharded_persistence(persistence)
+        self._shards.persister = ShardPersister(persistence)
+        self._book.persistence = None  # the runtime's rank-0 hand-off is for whole-state persistence
 
 
 def _import_before_groups() -> None:

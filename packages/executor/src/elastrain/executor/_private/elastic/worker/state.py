@@ -76,6 +76,11 @@ class State:
         the upload in flight. If it has a ``rank_changed(rank)`` method, every worker calls it at each reset, so a
         former rank 0 can drop copies it still had queued.
         """
+        if getattr(persistence, "sharded", False):
+            raise TypeError(
+                f"{persistence!r} writes one part per rank, for a ShardedTorchState. A {type(self).__name__} lives "
+                "whole on rank 0: persist it with elastrain.durable.StatePersistence(uri)."
+            )
         for method in ("committed", "latest", "load", "flush"):
             if not callable(getattr(persistence, method, None)):
                 raise TypeError(f"persist_with needs an object with a {method}() method, got {persistence!r}.")
