@@ -15,10 +15,19 @@ import pytest
 from conftest import new_bucket
 
 from elastrain.durable import CheckpointStore, ShardedStatePersistence, StatePersistence
+from elastrain.executor import elastic as executor_elastic
 from elastrain_testutils.ray_testing import local_ray, ship_by_value
 from elastrain_testutils.storage_servers import SeaweedS3
 
 FEATURES, BATCH, LR = 6, 12, 0.01
+
+# The state that writes sharded checkpoints is the executor's, from its release after 0.1.0. The upgrade cell of
+# the matrix (this checkout's durable against the executor's previous release) has none to drive; it still tests the
+# rest of this package.
+pytestmark = pytest.mark.skipif(
+    not hasattr(executor_elastic, "ShardedTorchState"),
+    reason="needs elastrain-executor > 0.1.0 (elastic.ShardedTorchState); the installed executor predates it",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
