@@ -61,6 +61,11 @@ def build(mesh: Any) -> Any:
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
+def hsdp_shape(size: int) -> tuple[int, int]:
+    """Replicas of 2 shards where the world is even (HSDP), one group of all ranks where it is not."""
+    return (size // 2, 2) if size % 2 == 0 else (1, size)
+
+
 class LocalJob:
     """The part of the elastic runtime a state talks to, for one member."""
 
@@ -157,7 +162,8 @@ def member(worker: int, script: dict[str, Any], out: str) -> None:
     started = time.monotonic()
     job = LocalJob(node=worker)
     runtime.install(job)  # type: ignore[arg-type]
-    state = elastic.ShardedTorchState(build, redundancy_every=script.get("every", 1), step=0)
+    mesh_shape = hsdp_shape if script.get("hsdp") else None
+    state = elastic.ShardedTorchState(build, mesh_shape=mesh_shape, redundancy_every=script.get("every", 1), step=0)
     if "persist" in script:
         state.persist_with(FolderPersistence(script["persist"]["folder"], every=script["persist"]["every"]))
     exit_at = script.get("exits", {}).get(str(worker), -1)
@@ -175,7 +181,10 @@ def member(worker: int, script: dict[str, Any], out: str) -> None:
         try:
             state._synchronize()
         except Exception as error:
+            import traceback
+
             result["error"] = f"{type(error).__name__}: {error}"
+            result["traceback"] = traceback.format_exc()
             break
         result["loads"].append({**state.last_load, "at_s": round(time.monotonic() - started, 2)})
         model, optimizer = state.model, state.optimizer

@@ -39,13 +39,15 @@ def assert_weights_match(result: dict, steps: int) -> None:
 
 
 def test_a_lost_worker_is_recovered_from_memory_and_a_newcomer_joins(tmp_path: Path) -> None:
+    # Workers 2 and 3 move down a rank, and the last world has the first one's shape: a mesh equal to an earlier
+    # world's (torch's caches compare meshes by shape and ranks) must not place their chunks as it did then.
     script = {
-        "worlds": [[free_port(), [0, 1, 2, 3], 12], [free_port(), [0, 1, 2], 10], [free_port(), [0, 1, 2, 4], 14]],
-        "exits": {"3": 5},  # worker 3 dies after its 5th commit; the others fail in step 6
+        "worlds": [[free_port(), [0, 1, 2, 3], 12], [free_port(), [0, 2, 3], 10], [free_port(), [0, 2, 3, 4], 14]],
+        "exits": {"1": 5},  # worker 1 dies after its 5th commit; the others fail in step 6
         "linger_s": 0.3,  # long enough for its copy of commit 5 to reach its buddy
     }
     results = run_script(script, tmp_path)
-    assert sorted(results) == [0, 1, 2, 4], results
+    assert sorted(results) == [0, 2, 3, 4], results
     assert_failed_fast(results)
     for _worker, result in results.items():
         assert "error" not in result, result
@@ -59,6 +61,28 @@ def test_a_lost_worker_is_recovered_from_memory_and_a_newcomer_joins(tmp_path: P
     assert [load["path"] for load in newcomer] == ["memory"]
     assert newcomer[0]["received_bytes"] > 0
     assert newcomer[0]["local_bytes"] == 0
+
+
+def test_an_hsdp_replica_holds_what_a_lost_worker_sharded_without_buddy_copies(tmp_path: Path) -> None:
+    """A 2 x 2 (replicate, shard) mesh keeps every chunk on two ranks, so with no buddy copies at all a lost worker
+    is still recovered from memory: from its replica. The world of 3 shards over all ranks; a newcomer makes it
+    2 x 2 again."""
+    script = {
+        "worlds": [[free_port(), [0, 1, 2, 3], 12], [free_port(), [0, 2, 3], 10], [free_port(), [0, 2, 3, 4], 14]],
+        "exits": {"1": 5},
+        "every": 0,
+        "hsdp": True,
+    }
+    results = run_script(script, tmp_path)
+    assert sorted(results) == [0, 2, 3, 4], results
+    assert_failed_fast(results)
+    for result in results.values():
+        assert "error" not in result, result
+        assert_weights_match(result, 14)
+    survivor = results[0]["loads"]
+    assert [load["path"] for load in survivor] == ["fresh", "memory", "memory"]
+    assert (survivor[1]["commits"], survivor[1]["lost_commits"]) == (5, 0)
+    assert [load["path"] for load in results[4]["loads"]] == ["memory"]
 
 
 def test_losing_a_shard_and_its_buddy_at_once_loses_the_state(tmp_path: Path) -> None:
@@ -108,3 +132,16 @@ def test_a_state_lost_from_memory_resumes_from_its_sharded_checkpoint_at_another
     assert committed[-1] == "step-000012"  # the last due commit was written before the job returned
     parts = sorted(p.name for p in (folder / "step-000012").iterdir())
     assert parts == [".metadata", "COMMITTED", "part-00000", "part-00001", "part-00002"]
+
+
+def test_a_mesh_shape_must_cover_the_world() -> None:
+    from elastrain.executor import elastic
+    from elastrain.executor._private.elastic.worker.sharded_live import mesh_dims
+
+    with pytest.raises(TypeError, match="mesh_shape is a function of the world size"):
+        elastic.ShardedTorchState(lambda mesh: mesh, mesh_shape=(2, 2))  # type: ignore[arg-type]
+    assert mesh_dims(None, 3) == ((3,), None)
+    assert mesh_dims(lambda n: (n // 2, 2), 4) == ((2, 2), ("replicate", "shard"))
+    for bad in (lambda n: (n // 2, 2), lambda n: [1, n], lambda n: (0, n), lambda n: (1, n, 1)):
+        with pytest.raises(ValueError, match=r"mesh_shape\(3\) must return \(replicas, shard_size\)"):
+            mesh_dims(bad, 3)

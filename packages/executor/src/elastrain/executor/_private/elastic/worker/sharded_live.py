@@ -15,15 +15,41 @@ from typing import Any
 from elastrain.executor._private.elastic.worker.shard_copies import Layout
 from elastrain.executor._private.elastic.worker.shard_plan import TensorInfo
 
+MeshShape = Callable[[int], tuple[int, int]]
+MESH_DIM_NAMES = ("replicate", "shard")
 
-def build_objects(build: Callable[[Any], Any], size: int) -> tuple[Any, dict[str, Any]]:
+
+def mesh_dims(mesh_shape: MeshShape | None, size: int) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """The shape (and dimension names) of the mesh for a world of ``size``: 1-D, or ``mesh_shape``'s 2-D
+    (replicate, shard) shape for HSDP, checked to cover the world exactly."""
+    if mesh_shape is None:
+        return (size,), None
+    shape = mesh_shape(size)
+    if (
+        not isinstance(shape, tuple)
+        or len(shape) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)
+        or shape[0] * shape[1] != size
+    ):
+        raise ValueError(
+            f"mesh_shape({size}) must return (replicas, shard_size), two positive ints whose product is the world "
+            f"size {size}; it returned {shape!r}. Give a shape for every size the job can have, e.g. "
+            "`lambda n: (n // 2, 2) if n % 2 == 0 else (1, n)`."
+        )
+    return shape, MESH_DIM_NAMES
+
+
+def build_objects(
+    build: Callable[[Any], Any], size: int, mesh_shape: MeshShape | None = None
+) -> tuple[Any, dict[str, Any]]:
     """Run ``build`` on a mesh over the current world; the mesh, and what it returned by name."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device_type, (size,))
+    shape, names = mesh_dims(mesh_shape, size)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     result = build(mesh)
     if isinstance(result, torch.nn.Module):
         built: dict[str, Any] = {"model": result}
@@ -60,6 +86,23 @@ def release_mesh(mesh: Any) -> None:
     registry = getattr(mesh, "_pg_registry", None)
     if isinstance(registry, dict):
         registry.clear()
+    forget_cached_meshes()
+
+
+def forget_cached_meshes() -> None:
+    """Empty torch's caches of sharding decisions, which keep the meshes of worlds that ended.
+
+    A mesh equals any other of the same shape and ranks (torch compares neither the groups nor the process's
+    place in them), so a new world's DTensor operation could take a cached answer that carries an old world's
+    mesh: its tensors would then name the old groups, and this rank's place in the old world. A survivor that
+    changed rank between two worlds of the same shape would compute the wrong chunk. The Python cache is per
+    thread: this runs in the thread that trains, at every world's end and before every build.
+    """
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:  # pragma: no cover - a torch that moved it: the state checks every chunk's shape anyway
+        return
+    _clear_sharding_prop_cache()  # type: ignore[no-untyped-call]
 
 
 class LiveShards:
@@ -117,6 +160,12 @@ class LiveShards:
         chunks = {}
         for key, tensor in sharded.items():
             shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+            if tuple(shape) != tuple(tensor._local_tensor.shape):
+                raise RuntimeError(
+                    f"{key}: this rank holds a chunk of shape {tuple(tensor._local_tensor.shape)}, but its mesh "
+                    f"places a chunk of shape {tuple(shape)} here: the tensor's mesh is not this world's (a mesh "
+                    "kept from an earlier world). Build every sharded object in build(mesh), from that mesh."
+                )
             info = TensorInfo(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
             chunks[key] = ((tuple(offset), tuple(shape)), info)
             self.placements[key] = tuple(tensor.placements)

@@ -27,7 +27,13 @@ from elastrain.executor._private.elastic.worker.shard_copies import Copy, Layout
 from elastrain.executor._private.elastic.worker.shard_persist import ShardPersister, check_sharded_persistence
 from elastrain.executor._private.elastic.worker.shard_plan import ShardPlan, plan_shards
 from elastrain.executor._private.elastic.worker.shard_transfer import move_pieces
-from elastrain.executor._private.elastic.worker.sharded_live import LiveShards, build_objects, release_mesh
+from elastrain.executor._private.elastic.worker.sharded_live import (
+    LiveShards,
+    MeshShape,
+    build_objects,
+    forget_cached_meshes,
+    release_mesh,
+)
 from elastrain.executor._private.elastic.worker.state import State, _check_names
 from elastrain.executor._private.elastic.worker.state_loss import state_lost_error
 from elastrain.executor._private.errors import first_line
@@ -39,6 +45,7 @@ logger = logging.getLogger("elastrain.executor")
 class _Shards:
     build: Callable[[Any], Any]
     redundancy: Redundancy
+    mesh_shape: MeshShape | None = None
     built: dict[str, Any] = field(default_factory=dict)  # what build() returned, by name
     mesh: Any = None  # the current world's mesh
     live: LiveShards | None = None
@@ -52,7 +59,9 @@ class _Shards:
 class ShardedTorchState(State):
     """A sharded model and optimizer, rebuilt on every new world: ``ShardedTorchState(build, epoch=0)``.
 
-    ``build(mesh)`` runs on every member at every reset with a ``DeviceMesh`` over the new world, and returns
+    ``build(mesh)`` runs on every member at every reset with a ``DeviceMesh`` over the new world (1-D, or with
+    ``mesh_shape=lambda size: (replicas, shard_size)`` a 2-D ``("replicate", "shard")`` mesh, which
+    ``fully_shard`` takes as HSDP: each replica group shards the model, and the groups replicate it), and returns
     the model it sharded there (``fully_shard``), or ``(model, optimizer)``, or a dict of named objects (one
     module, at most one optimizer, and schedulers built on it). Read them inside the training function
     (``state.model``, ``state.optimizer``): each reset builds new ones, loaded with the committed state.
@@ -64,11 +73,23 @@ class ShardedTorchState(State):
     LR schedulers and objects with ``state_dict()``, kept identical on every rank.
     """
 
-    def __init__(self, build: Callable[[Any], Any], *, redundancy_every: int = 1, **values: Any) -> None:
+    def __init__(
+        self,
+        build: Callable[[Any], Any],
+        *,
+        mesh_shape: MeshShape | None = None,
+        redundancy_every: int = 1,
+        **values: Any,
+    ) -> None:
         if not callable(build):
             raise TypeError(
                 f"ShardedTorchState takes build(mesh), a function that builds and shards the model on a mesh, got "
                 f"{build!r}."
+            )
+        if mesh_shape is not None and not callable(mesh_shape):
+            raise TypeError(
+                "mesh_shape is a function of the world size that returns (replicas, shard_size), e.g. "
+                f"`lambda n: (n // 2, 2) if n % 2 == 0 else (1, n)`; got {mesh_shape!r}."
             )
         if not isinstance(redundancy_every, int) or isinstance(redundancy_every, bool) or redundancy_every < 0:
             raise ValueError(
@@ -77,7 +98,7 @@ class ShardedTorchState(State):
             )
         _import_before_groups()
         State.__init__(self)
-        shards = _Shards(build, Redundancy(redundancy_every))
+        shards = _Shards(build, Redundancy(redundancy_every), mesh_shape)
         self.__dict__["_shards"] = shards
         plain: dict[str, Any] = {}
         for name, value in values.items():
@@ -234,7 +255,8 @@ class ShardedTorchState(State):
         job = runtime.current()
         rank, size = dist.get_rank(), dist.get_world_size()
         job.role = role_before
-        shards.mesh, shards.built = build_objects(shards.build, size)
+        forget_cached_meshes()  # none of an earlier world's meshes may answer for this one's
+        shards.mesh, shards.built = build_objects(shards.build, size, shards.mesh_shape)
         shards.live = live = LiveShards.of(shards.built)
         targets = live.layout(init_optimizer=True)
         held = [*shards.own, *shards.redundancy.ward_copies()]
