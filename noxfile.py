@@ -355,7 +355,8 @@ def tests_horovod(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 @discards_venv_in_ci
 def tests_gpu(session: nox.Session) -> None:
-    """Elastic kill and freeze scenarios on nccl with real CUDA devices; skips, saying why, where there are none.
+    """Elastic kill and freeze scenarios and FSDP2 on nccl with real CUDA devices; skips, saying why, where there
+    are none.
 
     The result goes to benchmarks/results/tests-gpu.txt (the machine's devices, then pytest's summary).
     """

@@ -1,4 +1,4 @@
-"""GPU tests: the elastic kill and freeze scenarios on the nccl backend, one CUDA device per worker.
+"""GPU tests: the elastic kill and freeze scenarios and an FSDP2 model on the nccl backend, one device per worker.
 
 They need at least two CUDA devices; elsewhere every test skips and says why (``nox -s tests_gpu`` runs them).
 """
@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if devices >= 2:
         return
     reason = (
-        f"needs 2 CUDA devices for the nccl kill and freeze scenarios; this machine has {devices} "
+        f"needs 2 CUDA devices for the nccl scenarios (kill, freeze, FSDP2); this machine has {devices} "
         "(torch.cuda.device_count() with a CUDA build of torch)"
     )
     for item in items:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from elastrain.executor import elastic as executor_elastic
 from elastrain.tune import StoreInUseError, executor_trainable, trial_persistence
 from elastrain_testutils.ray_testing import local_cluster
 from elastrain_testutils.waiting import wait_until
@@ -136,6 +137,95 @@ def test_a_trial_tune_restarts_resumes_from_its_latest_persisted_state(cluster: 
     assert not crash_file.exists()  # the planned failure happened
     assert result.metrics["first_step"] == 10  # resumed from the commit persisted before it, not from 0
     assert result.metrics["total"] == STEPS * (STEPS + 1) // 2
+
+
+def fsdp_sum(config: dict[str, Any]) -> dict[str, Any]:
+    """An FSDP2 model trained on the same batches at any world size: its weights end as the failure-free run's."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from elastrain.executor import elastic, send
+
+    def build(mesh: Any) -> Any:
+        model = make_model()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+    state = elastic.ShardedTorchState(build, step=0)
+    state.persist_with(trial_persistence())
+    crash_file = config.get("crash_file")
+
+    @elastic.run
+    def loop(state: elastic.ShardedTorchState) -> dict[str, Any]:
+        first_step, model, optimizer = int(state.step), state.model, state.optimizer
+        rank, size = dist.get_rank(), dist.get_world_size()
+        while state.step < config["steps"]:
+            inputs, labels = batch_for(state.step)
+            share = len(inputs) // size
+            mine = slice(rank * share, (rank + 1) * share)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(inputs[mine]), labels[mine])
+            loss.backward()
+            optimizer.step()
+            state.step += 1
+            if crash_file and state.step == 12 and rank == 0 and os.path.exists(crash_file):
+                os.remove(crash_file)
+                raise RuntimeError("planned failure")
+            send({"step": int(state.step), "loss": float(loss)})
+            state.commit()
+        total = sum(float(t.full_tensor().abs().sum()) for t in model.state_dict().values())
+        return {"first_step": first_step, "path": state.last_load["path"], "weight_sum": total}
+
+    result: dict[str, Any] = loop(state)
+    return result
+
+
+def make_model() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def batch_for(step: int) -> tuple[Any, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(100 + step)
+    inputs = torch.randn(8, 4, generator=generator)
+    return inputs, torch.stack([inputs.sum(1), inputs[:, 0]], dim=1)
+
+
+@pytest.mark.skipif(
+    not hasattr(executor_elastic, "ShardedTorchState"),
+    reason="needs elastrain-executor > 0.1.0 (elastic.ShardedTorchState); the installed executor predates it",
+)
+def test_a_sharded_trial_tune_restarts_resumes_from_its_sharded_checkpoint(cluster: Any, tmp_path: Path) -> None:
+    import torch
+
+    crash_file = tmp_path / "crash"
+    crash_file.touch()
+    trainable = executor_trainable(
+        fsdp_sum, storage=str(tmp_path / "store"), min_workers=2, max_workers=2, persist_every=5, sharded=True
+    )
+    grid = _fit(trainable, tmp_path, param_space={"steps": STEPS, "crash_file": str(crash_file)}, max_failures=1)
+    result = grid[0]
+    assert result.error is None, result.error
+    assert not crash_file.exists()  # the planned failure happened
+    # Restarted by Tune, every rank loaded its part of commit 10 from the trial's store.
+    assert (result.metrics["first_step"], result.metrics["path"]) == (10, "persisted")
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        inputs, labels = batch_for(step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs), labels).backward()
+        optimizer.step()
+    expected = sum(float(t.abs().sum()) for t in model.state_dict().values())
+    assert result.metrics["weight_sum"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_an_experiment_name_taken_by_another_experiment_is_refused(cluster: Any, tmp_path: Path) -> None:

@@ -177,8 +177,9 @@ class ShardedStatePersistence:
         checkpoint = self.store.restore(name, local_dir=local_dir)
         return int(checkpoint.metrics.get("commits", checkpoint.step or 0))
 
-    def flush(self) -> None:
-        """Parts upload in the executor's background thread, which the executor waits for itself."""
+    def flush(self, timeout: float | None = None) -> None:
+        """Parts upload in the executor's background thread, which the executor waits for itself when the job's
+        function returns; takes ``timeout`` as ``StatePersistence.flush`` does, so either kind can be flushed."""
 
     def close(self) -> None:
         if self._store is not None:

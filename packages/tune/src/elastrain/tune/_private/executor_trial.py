@@ -38,6 +38,7 @@ def executor_trainable(
     settings: Any = None,
     timeout_s: float = 60.0,
     name: str | None = None,
+    sharded: bool = False,
 ) -> type:
     """A Tune ``Trainable`` class that runs ``train_fn(config)`` on an elastrain executor job per trial.
 
@@ -54,6 +55,10 @@ def executor_trainable(
     latest state in its store, which each of its first workers starts loading as soon as it starts. ``settings`` is a
     ``RayExecutor.create_settings(...)``; ``timeout_s`` bounds opening the store when the trial starts.
     ``sync_client`` (an elastrain-durable ``SyncClient``, such as ``ArrowSyncClient``) replaces ``storage_options``.
+
+    ``sharded=True`` is for a job whose state is an ``elastic.ShardedTorchState`` (FSDP2): the trial's
+    persistence is then a ``ShardedStatePersistence``, every rank writes its part of each persisted commit, and a
+    restarted trial loads the latest at whatever size it restarts with.
     """
     if not callable(train_fn):
         raise TypeError(f"train_fn must be a function taking the trial's config, got {train_fn!r}.")
@@ -66,9 +71,9 @@ def executor_trainable(
         driver=driver,
         strategy=strategy,
     )
-    from elastrain.durable import StatePersistence
-
-    StatePersistence(
+    if not isinstance(sharded, bool):
+        raise TypeError(f"sharded is True (an elastic.ShardedTorchState) or False, got {sharded!r}.")
+    persistence_type(sharded)(
         storage, every=persist_every, num_to_keep=num_to_keep, storage_options=storage_options, sync_client=sync_client
     ).close()
     executor_options: dict[str, Any] = {"cpus_per_worker": cpus_per_worker, "use_gpu": bool(gpus_per_worker)}
@@ -89,10 +94,27 @@ def executor_trainable(
         "_et_persist_every": persist_every,
         "_et_num_to_keep": num_to_keep,
         "_et_timeout_s": timeout_s,
+        "_et_sharded": sharded,
         "__module__": getattr(train_fn, "__module__", __name__),
     }
     class_name = name or str(getattr(train_fn, "__name__", "executor_trial"))
     return type(class_name, (ExecutorTrainable,), attributes)
+
+
+def persistence_type(sharded: bool) -> type:
+    """The persistence a trial's workers write its state with: whole (rank 0) or sharded (every rank)."""
+    if not sharded:
+        from elastrain.durable import StatePersistence
+
+        return StatePersistence
+    try:
+        from elastrain.durable import ShardedStatePersistence
+    except ImportError:
+        raise ImportError(
+            "executor_trainable(sharded=True) needs elastrain-durable's ShardedStatePersistence, from its release "
+            "after 0.1.0; upgrade it: pip install -U elastrain-durable elastrain-executor"
+        ) from None
+    return ShardedStatePersistence
 
 
 def _trainable_base() -> type:
@@ -113,6 +135,7 @@ class ExecutorTrainable(_trainable_base()):  # type: ignore[misc]
     _et_sync_client: Any
     _et_persist_every: int
     _et_num_to_keep: int
+    _et_sharded: bool
     _et_timeout_s: float
 
     @classmethod
@@ -121,7 +144,6 @@ class ExecutorTrainable(_trainable_base()):  # type: ignore[misc]
         return cls._et_resources
 
     def setup(self, config: dict[str, Any]) -> None:
-        from elastrain.durable import StatePersistence
         from elastrain.executor import RayExecutor, watch_raylet
 
         watch_raylet()  # lost with its node, the trial's process ends at once: Tune restarts it that much sooner
@@ -133,7 +155,7 @@ class ExecutorTrainable(_trainable_base()):  # type: ignore[misc]
             self._et_timeout_s,
             self._et_sync_client,
         ).open(hold_in_background=True)
-        persistence = StatePersistence(
+        persistence = persistence_type(self._et_sharded)(
             self._et_store_place.uri,
             every=self._et_persist_every,
             num_to_keep=self._et_num_to_keep,

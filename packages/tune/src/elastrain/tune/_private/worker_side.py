@@ -25,7 +25,8 @@ def run_trial_function(
     model), then run the user's function."""
     global _current
     _current = persistence
-    if time.time() - started_at < PREFETCH_WINDOW_S:
+    # A sharded state loads its checkpoint on every rank at once, resharded: nothing to fetch ahead.
+    if time.time() - started_at < PREFETCH_WINDOW_S and hasattr(persistence, "prefetch"):
         persistence.prefetch()
     try:
         return train_fn(config)
@@ -38,6 +39,9 @@ def trial_persistence() -> Any:
 
     state = elastic.TorchState(model, optimizer, epoch=0)
     state.persist_with(elastrain.tune.trial_persistence())
+
+    In a trial made with ``executor_trainable(..., sharded=True)`` it is a ``ShardedStatePersistence``, for an
+    ``elastic.ShardedTorchState``.
     """
     if _current is None:
         raise RuntimeError(
