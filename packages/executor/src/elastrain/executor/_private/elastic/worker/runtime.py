@@ -144,7 +144,7 @@ def _flush_persistence(state: State) -> None:
             logger.warning("Persisting the final state failed: %s", first_line(error))
         return
     persistence = getattr(getattr(state, "_book", None), "persistence", None)
-    if persistence is None or rank() != 0:
+    if persistence is None or (rank() != 0 and not getattr(persistence, "every_rank", False)):
         return
     try:
         persistence.flush()

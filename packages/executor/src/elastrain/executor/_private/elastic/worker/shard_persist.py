@@ -22,7 +22,8 @@ import pickle
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from elastrain.executor._private.elastic.worker.collectives import all_gather_object
@@ -44,6 +45,16 @@ def check_sharded_persistence(persistence: Any) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A committed state handed over for a checkpoint: its commit count, the copy's version (kept from reuse while
+    it is written; None for a copy nothing reuses), and how to make DCP's state dict of it on the writing thread."""
+
+    commits: int
+    version: int | None
+    state_dict: Callable[[Any, Mapping[str, Any]], dict[str, Any]]  # (mesh, placements) -> state dict
+
+
 class _World:
     """One world's checkpoints: its group, and a thread of its own with a queue of one.
 
@@ -54,8 +65,8 @@ class _World:
     def __init__(self, rank: int, size: int, group: Any, mesh: Any, placements: Mapping[str, Any]) -> None:
         self.rank, self.size, self.group, self.mesh, self.placements = rank, size, group, mesh, placements
         self.ended = False
-        self.queued: Copy | None = None
-        self.running: Copy | None = None
+        self.queued: Pending | None = None
+        self.running: Pending | None = None
         self.thread: threading.Thread | None = None
 
 
@@ -94,10 +105,20 @@ class ShardPersister:
             world = self._world
             if world is None:
                 return set()
-            return {copy.version for copy in (world.queued, world.running) if copy is not None}
+            return {p.version for p in (world.queued, world.running) if p is not None and p.version is not None}
+
+    @property
+    def has_world(self) -> bool:
+        with self._cond:
+            return self._world is not None
 
     def submit(self, copy: Copy) -> None:
-        """Hand over a committed copy; waits only while another of this world is still queued."""
+        """Hand over a sharded state's committed copy; waits only while another of this world is still queued."""
+        state_dict = lambda mesh, placements: _dcp_state_dict(copy, mesh, placements)  # noqa: E731
+        self.submit_pending(Pending(copy.commits, copy.version, state_dict))
+
+    def submit_pending(self, copy: Pending) -> None:
+        """Hand over a committed state; waits only while another of this world is still queued."""
         with self._cond:
             world = self._world
             if world is None:
@@ -148,7 +169,7 @@ class ShardPersister:
                     world.running = None
                     self._cond.notify_all()
 
-    def _write(self, copy: Copy, world: _World, group: Any, mesh: Any) -> None:
+    def _write(self, copy: Pending, world: _World, group: Any, mesh: Any) -> None:
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         persistence = self.persistence
@@ -165,7 +186,7 @@ class ShardPersister:
         try:
             part = f"part-{world.rank:05d}"
             os.makedirs(os.path.join(scratch, part))
-            state_dict = _dcp_state_dict(copy, mesh, world.placements)
+            state_dict = copy.state_dict(mesh, world.placements)
             dcp_save(state_dict, storage_writer=_PartWriter(scratch), process_group=group)
             entries: list[dict[str, Any]] | None
             try:

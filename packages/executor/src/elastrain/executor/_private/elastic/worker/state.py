@@ -69,7 +69,9 @@ class State:
     def persist_with(self, persistence: Any) -> None:
         """Also keep committed state outside the job, e.g. ``elastrain.durable.StatePersistence(uri, every=10)``.
 
-        Rank 0 hands it the state after every commit (``persistence.committed(state)``); when no worker has
+        A sharded persistence (``elastrain.durable.ShardedStatePersistence(uri)``) has every rank write a share of
+        the state in PyTorch's DCP format, each of N ranks about 1/N of it. Otherwise rank 0 hands the persistence
+        the state after every commit (``persistence.committed(state)``); when no worker has
         committed state yet (a fresh job, or every worker holding it was lost), the workers load the latest
         persisted state instead of starting over (``persistence.latest()`` names it, ``persistence.load(name)``
         returns ``(snapshot, commits)``); when the training function returns, ``persistence.flush()`` waits for
@@ -77,10 +79,10 @@ class State:
         former rank 0 can drop copies it still had queued.
         """
         if getattr(persistence, "sharded", False):
-            raise TypeError(
-                f"{persistence!r} writes one part per rank, for a ShardedTorchState. A {type(self).__name__} lives "
-                "whole on rank 0: persist it with elastrain.durable.StatePersistence(uri)."
-            )
+            # Every rank writes a share of the whole state (DCP gives each tensor to one rank).
+            from elastrain.executor._private.elastic.worker.replicated_persist import EveryRankPersistence
+
+            persistence = EveryRankPersistence(persistence)
         for method in ("committed", "latest", "load", "flush"):
             if not callable(getattr(persistence, method, None)):
                 raise TypeError(f"persist_with needs an object with a {method}() method, got {persistence!r}.")
@@ -111,6 +113,8 @@ class State:
         persistence = self._book.persistence
         if persistence is not None and runtime.rank() == 0:
             fault_point("persist_handoff")
+            persistence.committed(self)
+        elif getattr(persistence, "every_rank", False):
             persistence.committed(self)
         try:
             self.check_host_updates()
