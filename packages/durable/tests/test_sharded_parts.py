@@ -104,3 +104,31 @@ def test_a_part_is_a_plain_folder_name(tmp_path: Path, part: str) -> None:
 def test_every_is_a_positive_int(tmp_path: Path, every: object) -> None:
     with pytest.raises(ValueError, match="positive int"):
         ShardedStatePersistence(tmp_path / "job", every=every)  # type: ignore[arg-type]
+
+
+def test_a_reader_downloads_the_index_then_only_the_parts_it_needs(tmp_path: Path) -> None:
+    persistence = ShardedStatePersistence(tmp_path / "job", every=1)
+    name = save(persistence, tmp_path, step=3)
+    folder = tmp_path / "read"
+    assert persistence.download(name, folder, parts=()) == 3
+    assert [p.name for p in folder.iterdir()] == [".metadata"]
+    persistence.download(name, folder, parts=["part-00002"])
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        ".metadata",
+        "part-00002/__2_0.distcp",
+        "part-00002/nested/extra-2.bin",
+    ]
+    with pytest.raises(FileExistsError, match="part-00002"):
+        persistence.download(name, folder, parts=["part-00002"])
+    persistence.close()
+
+
+def test_a_part_that_changed_in_the_store_is_refused(tmp_path: Path) -> None:
+    from elastrain.durable import CheckpointCorruptedError
+
+    persistence = ShardedStatePersistence(tmp_path / "job", every=1)
+    name = save(persistence, tmp_path, step=3)
+    (tmp_path / "job" / name / "part-00001" / "__1_0.distcp").write_bytes(b"not what was committed")
+    with pytest.raises(CheckpointCorruptedError, match=r"part-00001/__1_0\.distcp"):
+        persistence.download(name, tmp_path / "read", parts=["part-00001"])
+    persistence.close()

@@ -16,18 +16,48 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from elastrain.durable._private import checkpoint as ckpt
 from elastrain.durable._private import uploading
 from elastrain.durable._private.checkpoint import FileEntry
-from elastrain.durable._private.errors import StaleCheckpointError
+from elastrain.durable._private.errors import (
+    CheckpointCorruptedError,
+    CheckpointNotFoundError,
+    StaleCheckpointError,
+)
 from elastrain.durable._private.store import CheckpointStore
 from elastrain.durable._private.sync_client import SyncClient
 
 logger = logging.getLogger("elastrain.durable")
+
+
+# A download's reader lease outlives its deadline by this much (clock differences between machines).
+_LEASE_MARGIN_S = 300.0
+
+
+def _commits(checkpoint: ckpt.Checkpoint) -> int:
+    return int(checkpoint.metrics.get("commits", checkpoint.step or 0))
+
+
+def verify_files(folder: Path, checkpoint: ckpt.Checkpoint, files: Sequence[FileEntry]) -> None:
+    """Check the downloaded ``files`` of ``checkpoint`` in ``folder`` against its manifest."""
+    for entry in files:
+        path = folder / entry.path
+        if not path.is_file():
+            raise CheckpointCorruptedError(f"{checkpoint.uri} is corrupted: {entry.path} is missing.")
+        digest = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as reader:
+            while chunk := reader.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        if size != entry.size or digest.hexdigest() != entry.sha256:
+            raise CheckpointCorruptedError(
+                f"{checkpoint.uri} is corrupted: {entry.path} ({size} bytes) fails its size or SHA-256 check."
+            )
 
 
 class ShardedStatePersistence:
@@ -172,10 +202,51 @@ class ShardedStatePersistence:
         checkpoint = self.store.latest()
         return None if checkpoint is None else checkpoint.name
 
-    def download(self, name: str, local_dir: str | os.PathLike[str]) -> int:
-        """Download checkpoint ``name`` whole into ``local_dir`` (new or empty), verified; its commit count."""
-        checkpoint = self.store.restore(name, local_dir=local_dir)
-        return int(checkpoint.metrics.get("commits", checkpoint.step or 0))
+    def download(self, name: str, local_dir: str | os.PathLike[str], *, parts: Iterable[str] | None = None) -> int:
+        """Download checkpoint ``name`` into ``local_dir``, verified against its manifest; its commit count.
+
+        Whole by default (``local_dir`` new or empty). With ``parts``, only the files at its top (a format's
+        index, such as DCP's ``.metadata``) and those parts: a reader that needs some ranks' parts reads the
+        index first (``parts=()``), then adds the parts it needs into the same folder.
+        """
+        if parts is None:
+            return _commits(self.store.restore(name, local_dir=local_dir))
+        store = self.store
+        checkpoint = next((c for c in store.list() if c.name == name), None)
+        if checkpoint is None:
+            raise CheckpointNotFoundError(f"No committed checkpoint {name!r} under {store.location.display}.")
+        wanted = sorted(set(parts))
+        for part in wanted:
+            if not part or "/" in part or part.startswith("."):
+                raise ValueError(f"A part is a plain folder name, got {part!r}.")
+        target = Path(local_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        top = [e for e in checkpoint.files if "/" not in e.path and not (target / e.path).exists()]
+        files = top + [e for e in checkpoint.files if e.path.split("/", 1)[0] in wanted]
+        with store._readers.reading(name, lease_s=store.timeout_s + _LEASE_MARGIN_S):
+            deadline = time.monotonic() + store.timeout_s
+            for part in wanted:
+                if (target / part).exists():
+                    raise FileExistsError(f"Part {part} of {checkpoint.uri} is in {str(target)!r} already.")
+                (target / part).mkdir()
+                store._retry(
+                    lambda left, part=part: store.client.download(
+                        store.location.join(name, part), str(target / part), timeout_s=left
+                    ),
+                    f"downloading {part} of {checkpoint.uri}",
+                    deadline=deadline,
+                )
+            for entry in top:
+                data = store._retry(
+                    lambda left, entry=entry: store.client.read_bytes(
+                        store.location.join(name, entry.path), timeout_s=left
+                    ),
+                    f"downloading {entry.path} of {checkpoint.uri}",
+                    deadline=deadline,
+                )
+                (target / entry.path).write_bytes(data)
+        verify_files(target, checkpoint, files)
+        return _commits(checkpoint)
 
     def flush(self, timeout: float | None = None) -> None:
         """Parts upload in the executor's background thread, which the executor waits for itself when the job's

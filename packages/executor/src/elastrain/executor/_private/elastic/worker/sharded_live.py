@@ -262,6 +262,33 @@ class LiveShards:
         )
         return kept
 
+    def needed_parts(self, path: str) -> set[str]:
+        """The parts (top folders) of the DCP checkpoint in ``path`` that loading into this rank's chunks reads:
+        DCP's own load plan, from the checkpoint's index alone (``.metadata``), so a rank downloads only those."""
+        import io
+
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+        if self._state_dicts is None:
+            raise RuntimeError("needed_parts() needs the state dicts layout() fetched.")
+        metadata = FileSystemReader(path).read_metadata()
+        model_sd, optim_sd = self._state_dicts
+        state: dict[str, Any] = {"model": model_sd, "elastrain": io.BytesIO()}
+        if optim_sd is not None:
+            state["optimizer"] = optim_sd
+        planner = DefaultLoadPlanner(allow_partial_load=True)
+        planner.set_up_planner(state, metadata, is_coordinator=False)
+        storage = metadata.storage_data or {}
+        parts = set()
+        for item in planner.create_local_plan().items:
+            info = storage.get(item.storage_index)
+            relative = str(getattr(info, "relative_path", ""))
+            if "/" not in relative:  # not a part of ours (a checkpoint written another way): read it all
+                return {str(getattr(i, "relative_path", "")).split("/", 1)[0] for i in storage.values()}
+            parts.add(relative.split("/", 1)[0])
+        return parts
+
     def forget_optimizer_init(self) -> None:
         """Nothing was loaded: an optimizer that got state only to be loaded into starts fresh after all."""
         if self.optimizer is not None:

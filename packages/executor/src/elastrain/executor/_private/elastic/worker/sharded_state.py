@@ -11,6 +11,7 @@ into the new model and optimizer. Survivors keep running; only newcomers start.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -367,8 +368,15 @@ class ShardedTorchState(State):
             return False
         with tempfile.TemporaryDirectory(prefix="elastrain-dcp-load-") as scratch:
             folder = os.path.join(scratch, "checkpoint")
-            commits = int(persistence.download(name, folder))
-            kept = self._live().load_dcp(folder)
+            live = self._live()
+            if "parts" in inspect.signature(persistence.download).parameters:
+                # The index first, then only the parts that hold this rank's new chunks (and the replicated
+                # entries): each rank downloads about its share, not the whole checkpoint.
+                persistence.download(name, folder, parts=())
+                commits = int(persistence.download(name, folder, parts=sorted(live.needed_parts(folder))))
+            else:
+                commits = int(persistence.download(name, folder))
+            kept = live.load_dcp(folder)
         self._load_replicated({"values": kept.get("values", {}), "handlers": kept.get("handlers", {})})
         lost = max(high_water - commits, 0)
         if lost:
