@@ -27,6 +27,7 @@ class _Exchange:
     version: int
     ward_copy: Copy
     works: list[Any]
+    waited: bool = False  # a gloo point-to-point work waited for once never returns from a second wait
 
 
 class Redundancy:
@@ -90,7 +91,9 @@ class Redundancy:
         import time
 
         exchange, self._arriving = self._arriving, None
-        if exchange is not None and _arrived(exchange.works[1], self._arrival_deadline - time.monotonic()):
+        if exchange is not None and (
+            exchange.waited or _arrived(exchange.works[1], self._arrival_deadline - time.monotonic())
+        ):
             self._frozen.append(exchange.ward_copy)
         return list(self._frozen)
 
@@ -99,9 +102,11 @@ class Redundancy:
 
     def before_save(self) -> None:
         """At a commit: wait for the exchange in flight (each rank for its own send and receive)."""
-        if self._in_flight is not None:
-            for work in self._in_flight.works:
+        exchange = self._in_flight
+        if exchange is not None and not exchange.waited:
+            for work in exchange.works:
                 work.wait()
+            exchange.waited = True
 
     def after_save(self, own: Copy, due: bool) -> None:
         """At a commit, after ``own`` was saved: confirm the previous exchange everywhere, then send ``own`` if
