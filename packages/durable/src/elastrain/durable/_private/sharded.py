@@ -224,6 +224,8 @@ class ShardedStatePersistence:
         top = [e for e in checkpoint.files if "/" not in e.path and not (target / e.path).exists()]
         files = top + [e for e in checkpoint.files if e.path.split("/", 1)[0] in wanted]
         with store._readers.reading(name, lease_s=store.timeout_s + _LEASE_MARGIN_S):
+            if store._read_manifest(name) is None:  # collected just before the lease: nothing to read any more
+                raise CheckpointNotFoundError(f"{checkpoint.uri} was collected before it could be read.")
             deadline = time.monotonic() + store.timeout_s
             for part in wanted:
                 if (target / part).exists():

@@ -24,6 +24,22 @@ def collective_device() -> Any:
     return torch.device("cpu")
 
 
+def side_group() -> Any:
+    """A gloo group over the current world for background work (buddy copies, checkpoints). It fails within the
+    job's collective timeout, as the world's own group does, not torch's default of 30 minutes: a survivor
+    waiting on a lost peer here is freed as soon as one waiting in the world's group."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from elastrain.executor._private.elastic.worker import runtime
+
+    options = getattr(runtime.current_or_none(), "options", None)
+    seconds = getattr(options, "collective_timeout_s", None)
+    timeout = datetime.timedelta(seconds=float(seconds)) if seconds else None
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
 def broadcast_object(value: Any, source: int) -> Any:
     """``value`` from rank ``source`` on every rank (pickled; keep it small: tensors go through
     :func:`broadcast_tensors`)."""

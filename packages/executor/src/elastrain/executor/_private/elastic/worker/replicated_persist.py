@@ -14,6 +14,7 @@ reads the model back. The rest of the committed copy, with a description of each
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import os
@@ -30,6 +31,7 @@ from elastrain.executor._private.elastic.worker.shard_persist import Pending, Sh
 logger = logging.getLogger("elastrain.executor")
 
 EXTRA_KEY = "elastrain"
+FORMAT = "elastrain-whole-state/1"  # what a checkpoint's pickled part says it is, checked before it is read
 
 
 @dataclass(frozen=True)
@@ -39,33 +41,58 @@ class TensorRef:
     key: str
     shape: tuple[int, ...]
     dtype: str
+    device: str = "cpu"
 
 
 def flatten(snapshot: Any, commits: int) -> dict[str, Any]:
     """A whole state's committed copy as DCP's state dict: each tensor under its dotted path, and the rest (the
-    structure, with a :class:`TensorRef` in each tensor's place) pickled under ``elastrain``."""
+    structure, with a :class:`TensorRef` in each tensor's place) pickled under ``elastrain``. A ``TorchState``'s
+    handlers go under their own names (``model.<fqn>``, as DCP names ``{"model": model.state_dict()}``).
+
+    Raises ``ValueError`` where two tensors would get one name (``{"a.b": x, "a": {"b": y}}``): called on the
+    training thread, so the commit fails, saying which, rather than a checkpoint losing a tensor."""
     import torch
 
     tensors: dict[str, Any] = {}
 
     def walk(value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
+            if path in tensors or path == EXTRA_KEY:
+                raise ValueError(
+                    f"Two tensors of the state would both be saved as {path!r}: rename a key (the checkpoint names "
+                    "a nested tensor by its keys joined with '.')."
+                )
             tensors[path] = value
-            return TensorRef(path, tuple(value.shape), str(value.dtype).removeprefix("torch."))
+            dtype = str(value.dtype).removeprefix("torch.")
+            return TensorRef(path, tuple(value.shape), dtype, str(value.device))
         if isinstance(value, dict):
-            return {k: walk(v, f"{path}.{k}") for k, v in value.items()}
+            walked = copy.copy(value)  # the same kind of mapping (OrderedDict, defaultdict with its factory)
+            walked.clear()
+            walked.update((k, walk(v, f"{path}.{k}")) for k, v in value.items())
+            return walked
         if isinstance(value, list | tuple):
-            walked = [walk(v, f"{path}.{i}") for i, v in enumerate(value)]
-            return walked if isinstance(value, list) else tuple(walked)
+            items = [walk(v, f"{path}.{i}") for i, v in enumerate(value)]
+            return _same_sequence(value, items)
         return value
 
-    skeleton = {
-        "handlers": {name: walk(saved, name) for name, saved in snapshot.get("handlers", {}).items()},
-        "values": walk(snapshot.get("values", {}), f"{EXTRA_KEY}_values"),
-        "commits": commits,
-    }
+    if isinstance(snapshot, dict) and set(snapshot) == {"handlers", "values"}:  # a TorchState's
+        walked: Any = {
+            "handlers": {name: walk(saved, name) for name, saved in snapshot["handlers"].items()},
+            "values": walk(snapshot["values"], f"{EXTRA_KEY}_values"),
+        }
+    else:  # any other state's snapshot, whole
+        walked = walk(snapshot, f"{EXTRA_KEY}_state")
+    skeleton = {"format": FORMAT, "snapshot": walked, "commits": commits}
     extra = io.BytesIO(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL))
     return {**tensors, EXTRA_KEY: extra}
+
+
+def _same_sequence(original: Any, items: list[Any]) -> Any:
+    if isinstance(original, list):
+        return items
+    if hasattr(original, "_fields"):  # a named tuple
+        return type(original)(*items)
+    return tuple(items)
 
 
 def read_back(folder: str) -> tuple[Any, int]:
@@ -82,6 +109,12 @@ def read_back(folder: str) -> tuple[Any, int]:
     state: dict[str, Any] = {EXTRA_KEY: io.BytesIO()}
     load(state)  # DCP replaces the entry with the bytes it read
     skeleton = pickle.loads(state[EXTRA_KEY].getvalue())  # noqa: S301 - the job's own checkpoint
+    if not isinstance(skeleton, dict) or skeleton.get("format") != FORMAT:
+        raise ValueError(
+            f"The checkpoint in {folder} was not written from a whole state (TorchState, ObjectState): a sharded "
+            "state's checkpoint (ShardedTorchState) loads only into a ShardedTorchState. Give each kind of state "
+            "its own URI."
+        )
     refs: list[TensorRef] = []
 
     def collect(value: Any) -> None:
@@ -94,23 +127,37 @@ def read_back(folder: str) -> tuple[Any, int]:
             for v in value:
                 collect(v)
 
-    collect(skeleton)
+    collect(skeleton["snapshot"])
     tensors = {ref.key: torch.empty(ref.shape, dtype=getattr(torch, ref.dtype)) for ref in refs}
     if tensors:
         load(tensors)
+    devices = {ref.key: ref.device for ref in refs}
 
     def fill(value: Any) -> Any:
         if isinstance(value, TensorRef):
-            return tensors[value.key]
+            tensor = tensors[value.key]
+            device = devices[value.key]
+            return tensor.to(device) if device != "cpu" and _device_available(device) else tensor
         if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
+            filled = copy.copy(value)
+            filled.clear()
+            filled.update((k, fill(v)) for k, v in value.items())
+            return filled
         if isinstance(value, list | tuple):
-            filled = [fill(v) for v in value]
-            return filled if isinstance(value, list) else tuple(filled)
+            return _same_sequence(value, [fill(v) for v in value])
         return value
 
-    snapshot = {"handlers": fill(skeleton["handlers"]), "values": fill(skeleton["values"])}
-    return snapshot, int(skeleton["commits"])
+    return fill(skeleton["snapshot"]), int(skeleton["commits"])
+
+
+def _device_available(device: str) -> bool:
+    import torch
+
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError):
+        return False
+    return True
 
 
 class EveryRankPersistence:
@@ -142,8 +189,8 @@ class EveryRankPersistence:
             self._registered = True
         if not self._persister.has_world:  # every rank reaches its world's first due commit together
             self._persister.start_world(dist.get_rank(), dist.get_world_size(), None, {})
-        snapshot = state.snapshot()
-        self._persister.submit_pending(Pending(commits, None, lambda _mesh, _placements: flatten(snapshot, commits)))
+        flat = flatten(state.snapshot(), commits)  # here, not on the writer thread: a bad state fails its commit
+        self._persister.submit_pending(Pending(commits, None, lambda _mesh, _placements: flat))
 
     def bind(self) -> None:
         """A new world formed: its checkpoints' group forms at its first due commit."""

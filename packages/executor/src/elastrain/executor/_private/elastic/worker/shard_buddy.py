@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from elastrain.executor._private.elastic.worker.collectives import side_group
 from elastrain.executor._private.elastic.worker.shard_copies import Copy, Layout
 from elastrain.executor._private.elastic.worker.shard_plan import ring_shift
 
@@ -50,13 +51,12 @@ class Redundancy:
 
     def start_world(self, rank: int, size: int, nodes: list[Any], layouts: list[dict[str, Any]]) -> None:
         """Join the new world's ring (a collective: every member calls it, right after the sync)."""
-        import torch.distributed as dist
 
         self._frozen, self._arriving = [], None
         if self.every <= 0 or size < 2:
             return
         # A group of its own: its transfers run on their own connections, beside training's collectives.
-        self.group = dist.new_group(backend="gloo")
+        self.group = side_group()
         shift = ring_shift(nodes)
         self.buddy, self.ward = (rank + shift) % size, (rank - shift) % size
         self._ward_layout = Layout(layouts[self.ward])

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastrain.executor._private.elastic.worker.collectives import all_gather_object
+from elastrain.executor._private.elastic.worker.collectives import all_gather_object, side_group
 from elastrain.executor._private.elastic.worker.shard_copies import Copy
 from elastrain.executor._private.errors import first_line
 
@@ -82,9 +82,8 @@ class ShardPersister:
 
     def start_world(self, rank: int, size: int, mesh: Any, placements: Mapping[str, Any]) -> None:
         """Every member calls it after the sync (a collective: the group of this world's checkpoints)."""
-        import torch.distributed as dist
 
-        group = dist.new_group(backend="gloo")
+        group = side_group()
         with self._cond:
             self._world = _World(rank, size, group, mesh, placements)
 

@@ -282,11 +282,9 @@ class LiveShards:
         storage = metadata.storage_data or {}
         parts = set()
         for item in planner.create_local_plan().items:
-            info = storage.get(item.storage_index)
-            relative = str(getattr(info, "relative_path", ""))
-            if "/" not in relative:  # not a part of ours (a checkpoint written another way): read it all
-                return {str(getattr(i, "relative_path", "")).split("/", 1)[0] for i in storage.values()}
-            parts.add(relative.split("/", 1)[0])
+            relative = str(getattr(storage.get(item.storage_index), "relative_path", ""))
+            if "/" in relative:  # a file at the top (a checkpoint written another way) came with the index
+                parts.add(relative.split("/", 1)[0])
         return parts
 
     def forget_optimizer_init(self) -> None:
