@@ -174,10 +174,6 @@ class EveryRankPersistence:
     def __repr__(self) -> str:
         return repr(self.persistence)
 
-    @property
-    def last_error(self) -> str:
-        return self._persister.last_error
-
     def committed(self, state: Any) -> None:
         import torch.distributed as dist
 

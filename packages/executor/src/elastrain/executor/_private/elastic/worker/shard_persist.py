@@ -15,6 +15,7 @@ model of any world size; ``elastrain`` holds the plain values and other objects,
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -113,8 +114,7 @@ class ShardPersister:
 
     def submit(self, copy: Copy) -> None:
         """Hand over a sharded state's committed copy; waits only while another of this world is still queued."""
-        state_dict = lambda mesh, placements: _dcp_state_dict(copy, mesh, placements)  # noqa: E731
-        self.submit_pending(Pending(copy.commits, copy.version, state_dict))
+        self.submit_pending(Pending(copy.commits, copy.version, functools.partial(_dcp_state_dict, copy)))
 
     def submit_pending(self, copy: Pending) -> None:
         """Hand over a committed state; waits only while another of this world is still queued."""
