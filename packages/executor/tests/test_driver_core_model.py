@@ -38,7 +38,7 @@ ARRIVAL_S = 10.0
 LIVENESS_S = 8.0
 
 # How many sequences and steps ran, for the summary line (conftest prints it).
-COUNTS = {"sequences": 0, "steps": 0, "finished": 0, "failed": 0, "publishes": 0, "resets": 0}
+COUNTS = {"sequences": 0, "steps": 0, "finished": 0, "failed": 0, "publishes": 0, "resets": 0, "held": 0}
 
 
 @dataclass
@@ -65,9 +65,21 @@ class DriverCoreMachine(RuleBasedStateMachine):
     def start(
         self, min_workers: int, extra: int, unbounded: bool, hosts: list[int], spare: bool, reset_limit: int | None
     ) -> None:
+        self.begin(min_workers, None if unbounded else min_workers + extra, hosts, spare, reset_limit, 1)
+
+    def begin(
+        self,
+        min_workers: int,
+        max_workers: int | None,
+        hosts: list[int],
+        spare: bool,
+        reset_limit: int | None,
+        multiple: int,
+    ) -> None:
         self.config = CoreConfig(
             min_workers=min_workers,
-            max_workers=None if unbounded else min_workers + extra,
+            max_workers=max_workers,
+            size_multiple=multiple,
             reset_limit=reset_limit,
             elastic_timeout=ELASTIC_TIMEOUT_S,
             startup_grace_s=GRACE_S,
@@ -152,9 +164,35 @@ class DriverCoreMachine(RuleBasedStateMachine):
             assert member.worker_id in self.shell.running, "a member that does not run the job"
             assert self.phase_of(member.worker_id) in (WorkerPhase.MEMBER, WorkerPhase.LEAVING)
         assert sorted(m.slot.rank for m in world.members) == list(range(world.size))
+        self.check_blocks(world)
         worlds.append(world)
         COUNTS["publishes"] += 1
         COUNTS["resets"] += len(worlds) > 1
+
+    def check_blocks(self, world: World) -> None:
+        """Groups of whole multiples; a block of the previous group that lost nobody is kept whole, and before
+        anyone else; the members left out are held, alive, for a later group."""
+        multiple = self.config.size_multiple
+        assert world.size % multiple == 0, f"a group of {world.size} with size_multiple={multiple}"
+        members = {m.worker_id for m in world.members}
+        assert not members & set(world.held), "a held worker is also a member"
+        COUNTS["held"] += len(world.held)
+        for worker_id in world.held:
+            assert worker_id in self.shell.running, "a held worker that does not run the job"
+            assert self.phase_of(worker_id) is WorkerPhase.READY
+            assert any(w.member(worker_id) for w in self.shell.worlds), "held, but never a member"
+        if not self.shell.worlds or multiple == 1:
+            return
+        previous = self.shell.worlds[-1]
+        by_rank = sorted(previous.members, key=lambda m: m.slot.rank)
+        blocks = [{m.worker_id for m in by_rank[i : i + multiple]} for i in range(0, previous.size, multiple)]
+        alive = members | set(world.held)
+        intact = [block for block in blocks if block <= alive]
+        for block in intact:
+            assert block <= members or not block & members, f"block {sorted(block)} was split"
+        if any(not block & members for block in intact):
+            kept = set().union(*intact)
+            assert members <= kept, "a broken block or a newcomer took the place of a whole block"
 
     def phase_of(self, worker_id: str) -> WorkerPhase | None:
         record = self.core.roster.get(worker_id)
@@ -252,8 +290,13 @@ class DriverCoreMachine(RuleBasedStateMachine):
             event = ev.Raised(worker_id, RuntimeError("boom"), "RuntimeError: boom")
         elif how == "finished" and member is not None and world is not None:
             event = ev.Finished(worker_id, world.generation, member.slot.rank, member.slot.rank)
-        elif member is None and any(w.member(worker_id) for w in self.shell.worlds):
-            event = ev.Removed(worker_id)  # dropped from the latest group
+        elif (
+            member is None
+            and world is not None
+            and worker_id not in world.held
+            and any(w.member(worker_id) for w in self.shell.worlds)
+        ):
+            event = ev.Removed(worker_id)  # dropped from the latest group (a held worker waits for a later one)
         else:
             event = ev.Died(worker_id, "actor died")
         self.step([seen, event])
@@ -327,14 +370,31 @@ class DriverCoreMachine(RuleBasedStateMachine):
         self.step([self.seen(), ev.StopRequested("again")])
 
 
-DriverCoreMachine.TestCase.settings = settings(
+class BlocksMachine(DriverCoreMachine):
+    """The same job in groups of whole blocks (``size_multiple``), sized so that several blocks form often."""
+
+    @initialize(
+        multiple=st.sampled_from([2, 2, 3]),
+        blocks=st.integers(1, 2),
+        extra=st.integers(0, 2),
+        hosts=st.lists(st.integers(1, 3), min_size=2, max_size=5),
+        spare=st.booleans(),
+    )
+    def start(self, multiple: int, blocks: int, extra: int, hosts: list[int], spare: bool) -> None:  # type: ignore[override]
+        self.begin(blocks * multiple, (blocks + extra) * multiple, hosts, spare, None, multiple)
+
+
+_SETTINGS = settings(
     max_examples=EXAMPLES,
     stateful_step_count=STEPS,
     derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+DriverCoreMachine.TestCase.settings = _SETTINGS
 TestDriverCore = DriverCoreMachine.TestCase
+BlocksMachine.TestCase.settings = settings(_SETTINGS, max_examples=max(EXAMPLES // 3, 1))
+TestDriverCoreBlocks = BlocksMachine.TestCase
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -349,5 +409,5 @@ def summary() -> str:
     """The line conftest prints at the end of the run."""
     return (
         "driver core model: {sequences} sequences, {steps} steps, {publishes} groups published, {resets} resets, "
-        "{finished} finished, {failed} failed"
+        "{finished} finished, {failed} failed, {held} workers held (size_multiple)"
     ).format(**COUNTS)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("ray_with_scripted_hosts")
 LR = 0.01
 
 
-def train_fsdp(steps: int | str, crash_dir: str | None) -> dict[str, Any]:
+def train_fsdp(steps: int | str, crash_dir: str | None, shard_size: int | None = None) -> dict[str, Any]:
     import os
 
     import torch
@@ -36,7 +36,9 @@ def train_fsdp(steps: int | str, crash_dir: str | None) -> dict[str, Any]:
         fully_shard(model, mesh=mesh)
         return model, torch.optim.AdamW(model.parameters(), lr=LR)
 
-    state = elastic.ShardedTorchState(build, step=0)
+    # HSDP: replica groups of ``shard_size`` ranks, each holding one whole copy of the model in shards.
+    mesh_shape = None if shard_size is None else (lambda size: (size // shard_size, shard_size))
+    state = elastic.ShardedTorchState(build, mesh_shape=mesh_shape, step=0)
 
     @elastic.run
     def loop(state: elastic.ShardedTorchState) -> dict[str, Any]:
@@ -100,6 +102,49 @@ def test_fsdp_job_survives_a_crash_from_memory_and_takes_a_replacement(crash_dir
     steps = int(stop_file.read_text())
     expected = reference_weights(steps)
     assert len(results) == 3
+    for weights in results:
+        for name, value in expected.items():
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_hsdp_replica_groups_a_lost_group_waits_and_heals_from_a_live_replica(crash_dir: Path) -> None:
+    """Two replica groups of two (size_multiple=2). Rank 1 dies: the untouched group goes on alone with the
+    chunks it holds (nothing moves), rank 0 waits alive outside it, and once a replacement is up the new group
+    takes every chunk from the live replica."""
+    import torch
+
+    (crash_dir / "crash-1-5").touch()
+    discovery = StaticHostDiscovery("host-1:1,host-2:1,host-3:1,host-4:1")
+    stop_file = crash_dir / "stop"
+    recorder = Recorder(
+        discovery, [(lambda m: m["event"] == "step" and m["size"] == 2, None)], stop_file=stop_file, final_size=4
+    )
+    with elastic_executor(discovery, min_workers=2, max_workers=4, size_multiple=2) as executor:
+        executor.start()
+        results = executor.run(train_fsdp, args=[str(stop_file), str(crash_dir), 2], callbacks=[recorder])
+    assert not (crash_dir / "crash-1-5").exists(), "the planned crash did not happen"
+    loads = recorder.events("load")
+    first = {m["rank"]: m["pid"] for m in loads if m["path"] == "fresh"}
+    assert sorted(first) == [0, 1, 2, 3]
+    alone = [m for m in loads if m["size"] == 2]
+    assert alone, "the untouched replica group never went on alone"
+    assert {m["pid"] for m in alone} == {first[2], first[3]}, "the group that went on is not the untouched one"
+    assert all(m["path"] == "memory" and m["lost_commits"] == 0 for m in alone), alone
+    assert all(m["received_bytes"] == 0 for m in alone), "the untouched group moved chunks it already held"
+    by_generation: dict[int, list[dict[str, Any]]] = {}
+    for message in loads:
+        if message["size"] == 4 and message["generation"] > alone[0]["generation"]:
+            by_generation.setdefault(message["generation"], []).append(message)
+    whole = [group for _, group in sorted(by_generation.items()) if len(group) == 4]
+    assert whole, "the lost replica group never came back"
+    heal = whole[0]  # the first world of four after the loss: the heal
+    newcomers = [m for m in heal if m["pid"] not in (first[2], first[3])]
+    assert first[0] in {m["pid"] for m in newcomers}, "rank 0 was restarted instead of waiting"
+    assert all(m["received_bytes"] > 0 for m in newcomers), "the healing group did not receive its chunks"
+    assert all(m["received_bytes"] == 0 for m in heal if m not in newcomers), "a live replica received chunks"
+    steps = int(stop_file.read_text())
+    expected = reference_weights(steps)
+    assert len(results) == 4
     for weights in results:
         for name, value in expected.items():
             torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)

@@ -65,6 +65,12 @@ def test_max_workers_needs_positive_min_workers(min_workers: int | None) -> None
         ({"min_workers": 1, "cooldown_range": (5, 1)}, r"cooldown_range must be \(lo, hi\)"),
         ({"min_workers": 1, "num_hosts": 2}, "`num_hosts` is for static jobs"),
         ({"num_workers": 2, "backend": "mpi"}, r"Unknown backend 'mpi'; use one of \['horovod', 'torch'\]"),
+        ({"min_workers": 2, "size_multiple": 0}, "size_multiple must be a positive integer"),
+        ({"min_workers": 3, "max_workers": 4, "size_multiple": 2}, "use min_workers=2 or 4"),
+        ({"min_workers": 2, "max_workers": 5, "size_multiple": 2}, "max_workers=5 is not a multiple of size_multiple"),
+        ({"min_workers": 1, "size_multiple": 2}, "min_workers=1 is not a multiple .* use min_workers=2"),
+        ({"num_workers": 4, "size_multiple": 2}, "size_multiple=2 is for elastic jobs"),
+        ({"num_workers": 4, "size_multiple": True}, "size_multiple must be a positive integer"),
     ],
 )
 def test_bad_constructor_arguments(kwargs: dict[str, object], message: str) -> None:
@@ -81,6 +87,11 @@ def test_elastic_keywords_are_accepted() -> None:
     executor = RayExecutor(settings(), min_workers=1, max_workers=3, reset_limit=2, cooldown_range=(1, 10))
     assert executor.options.elastic
     assert executor.num_workers == 1
+
+
+def test_size_multiple_reaches_the_options() -> None:
+    executor = RayExecutor(settings(), min_workers=2, max_workers=6, size_multiple=2)
+    assert executor.options.size_multiple == 2
 
 
 def test_num_hosts_sets_the_size() -> None:

@@ -47,6 +47,11 @@ class RayExecutor:
     (one node per host). Elastic jobs (``min_workers``/``max_workers``) are accepted for API compatibility;
     see :meth:`start`. ``backend`` is ``"torch"`` (default), ``"horovod"`` (extra ``elastrain-executor[horovod]``)
     or a :class:`~elastrain.executor.Backend`.
+
+    ``size_multiple`` (elastic jobs): every group the job forms has a whole multiple of this many workers, and
+    ``min_workers``/``max_workers`` are multiples of it too. It is the shard size of an HSDP mesh: when a worker
+    dies, the group goes on with the untouched blocks of ``size_multiple`` consecutive ranks (replica groups),
+    and the dead worker's block-mates wait, alive, until replacements make their block whole again.
     """
 
     create_settings = staticmethod(create_settings)
@@ -68,6 +73,7 @@ class RayExecutor:
         elastic_timeout: float = 600,
         override_discovery: bool = True,
         backend: str | Backend = "torch",
+        size_multiple: int = 1,
     ) -> None:
         self.settings = settings if settings is not None else create_settings()
         self.options: ExecutorOptions = check_options(
@@ -85,8 +91,14 @@ class RayExecutor:
             cooldown_range=cooldown_range,
             elastic_timeout=elastic_timeout,
             override_discovery=override_discovery,
+            size_multiple=size_multiple,
         )
         self.backend = resolve_backend(backend)
+        if self.backend.name == "horovod" and self.options.size_multiple != 1:
+            raise ValueError(
+                "size_multiple needs elastrain's own elastic driver; Horovod's elastic driver forms groups of any "
+                'size: use backend="torch", or drop size_multiple.'
+            )
         self._calls: WorkerCalls | None = None
         self._placements: list[WorkerPlacement] = []
         self._placement_group: Any = None

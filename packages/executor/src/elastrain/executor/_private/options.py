@@ -24,6 +24,7 @@ class ExecutorOptions:
     cooldown_range: tuple[float, float] | None
     elastic_timeout: float
     override_discovery: bool
+    size_multiple: int = 1  # elastic: every group's size is a multiple of it
 
 
 def check_options(
@@ -42,6 +43,7 @@ def check_options(
     cooldown_range: tuple[float, float] | None,
     elastic_timeout: float,
     override_discovery: bool,
+    size_multiple: int = 1,
 ) -> ExecutorOptions:
     if not isinstance(settings, ExecutorSettings):
         raise ValueError(f"settings must come from RayExecutor.create_settings(...), got {type(settings).__name__}.")
@@ -50,6 +52,7 @@ def check_options(
     if max_workers is not None and (min_workers is None or isinstance(min_workers, bool) or min_workers <= 0):
         raise ValueError("`max_workers` needs a positive `min_workers`: pass min_workers=N for an elastic job.")
     elastic = min_workers is not None
+    check_positive("size_multiple", size_multiple, integer=True)
     if min_workers is not None:
         if num_hosts is not None:
             raise ValueError("`num_hosts` is for static jobs; an elastic job takes `min_workers`/`max_workers`.")
@@ -62,10 +65,16 @@ def check_options(
         if reset_limit is not None:
             check_positive("reset_limit", reset_limit, integer=True)
         check_positive("elastic_timeout", elastic_timeout)
+        _check_size_multiple(size_multiple, min_workers, max_workers)
         if cooldown_range is not None:
             lo_hi = tuple(cooldown_range)
             if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
                 raise ValueError(f"cooldown_range must be (lo, hi) seconds with lo <= hi, got {cooldown_range!r}.")
+    elif size_multiple != 1:
+        raise ValueError(
+            f"size_multiple={size_multiple!r} is for elastic jobs (min_workers/max_workers); a static job's size is "
+            "fixed: drop size_multiple."
+        )
     elif num_workers is not None:
         if num_hosts is not None:
             raise ValueError("Pass either `num_workers`, or `num_hosts` with `num_workers_per_host`, not both.")
@@ -103,4 +112,16 @@ def check_options(
         cooldown_range=cooldown_range,
         elastic_timeout=elastic_timeout,
         override_discovery=bool(override_discovery),
+        size_multiple=size_multiple,
     )
+
+
+def _check_size_multiple(size_multiple: int, min_workers: int, max_workers: int | None) -> None:
+    for name, value in (("min_workers", min_workers), ("max_workers", max_workers)):
+        if value is not None and value % size_multiple:
+            lower = value // size_multiple * size_multiple
+            choices = f"{lower} or {lower + size_multiple}" if lower else f"{size_multiple}"
+            raise ValueError(
+                f"{name}={value} is not a multiple of size_multiple={size_multiple}: every group has a whole "
+                f"multiple of {size_multiple} workers, so use {name}={choices}."
+            )

@@ -32,10 +32,16 @@ class Member:
 
 @dataclass(frozen=True)
 class World:
-    """Generation ``generation`` of the group; ``members`` are ordered by rank."""
+    """Generation ``generation`` of the group; ``members`` are ordered by rank.
+
+    ``held``: workers of an earlier group that this one leaves out although they are alive, because the job forms
+    groups of whole multiples of its ``size_multiple`` only. They wait, keeping their process, for a group with
+    room for them; any other earlier member left out learns that it was dropped.
+    """
 
     generation: int
     members: tuple[Member, ...]
+    held: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -48,7 +54,7 @@ class World:
         return None
 
 
-def make_world(generation: int, workers: Sequence[Candidate], host_order: list[str]) -> World:
+def make_world(generation: int, workers: Sequence[Candidate], host_order: list[str], held: Sequence[str] = ()) -> World:
     """Ranks by host (hosts in discovery order), previous members before newcomers on each host.
 
     Which worker's state the group takes is decided by the workers when they sync (most commits wins).
@@ -68,7 +74,7 @@ def make_world(generation: int, workers: Sequence[Candidate], host_order: list[s
         worker = by_host[slot.host_id][taken[slot.host_id]]
         taken[slot.host_id] += 1
         members.append(Member(worker.worker_id, slot, node_rank[slot.host_id], len(by_host)))
-    return World(generation, tuple(members))
+    return World(generation, tuple(members), tuple(held))
 
 
 def _natural(worker_id: str) -> tuple[str, int]:

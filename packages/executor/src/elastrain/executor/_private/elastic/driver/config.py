@@ -14,6 +14,7 @@ class CoreConfig:
     startup_grace_s: float
     arrival_timeout_s: float  # how long a member of a group formed after a failure may take to arrive
     spare_worker: bool = False
+    size_multiple: int = 1  # every group's size is a multiple of it; min_workers and max_workers are too
 
 
 @dataclass

@@ -13,6 +13,7 @@ failed and when the job gives up is ``policy.py``'s call; spare workers are ``sp
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -179,6 +180,7 @@ class DriverCore:
         if self.phase is JobPhase.FINISHING:
             return
         limit = self.config.max_workers or sum(self.hosts.slots.values())
+        limit -= limit % self.config.size_multiple  # a worker beyond the last whole block would only sit idle
         per_host: dict[str, int] = {}
         for worker in self.roster.in_phase(*HOLDING):
             per_host[worker.host_id] = per_host.get(worker.host_id, 0) + 1  # a leaving worker holds its slot
@@ -340,11 +342,12 @@ class DriverCore:
         """Publish the running workers as a new group (``force``: even when they are the current group's)."""
         if self.phase is JobPhase.FINISHING:
             return
-        ready = self.roster.in_phase(W.READY, W.MEMBER)
-        if not any(w.phase is W.MEMBER for w in ready):
+        running = self.roster.in_phase(W.READY, W.MEMBER)
+        if not any(w.phase is W.MEMBER for w in running):
             # Without them no member would hold the committed state: leaving members stay for one more group,
             # whose sync hands their state to the newcomers, and leave after it.
-            ready += self.roster.leaving_members(self.world)
+            running += self.roster.leaving_members(self.world)
+        ready, left_out = self._whole_multiples(running)
         if len(ready) < self.config.min_workers:
             if self.roster.group_broken(self.world) and self.phase in (
                 JobPhase.RUNNING,
@@ -368,11 +371,23 @@ class DriverCore:
         recovering = after_failure or self.phase in (JobPhase.RECOVERING, JobPhase.WAITING)
         self._set_phase(JobPhase.RECOVERING if recovering else JobPhase.FORMING)
         generation = self.world.generation + 1 if self.world is not None else 1
-        self.world = make_world(generation, ready, list(self.hosts.slots))
+        for worker in left_out:
+            if worker.phase is W.MEMBER:
+                self.roster.move(worker, W.READY)
+                worker.held = True
+                logger.info(
+                    "Worker %s waits outside group %s: groups have a multiple of %s workers (size_multiple).",
+                    worker.worker_id,
+                    generation,
+                    self.config.size_multiple,
+                )
+        held = [w.worker_id for w in left_out if w.held]
+        self.world = make_world(generation, ready, list(self.hosts.slots), held)
         self.results.members_by_generation[generation] = frozenset(m.worker_id for m in self.world.members)
         for worker in ready:
             if worker.phase is W.READY:
                 self.roster.move(worker, W.MEMBER)
+                worker.held = False
         self.stats.worlds.append(self.world.size)
         self._reported = {m.worker_id for m in self.world.members}
         self._actions.append(ev.Publish(self.world, self.stats.resets))
@@ -381,6 +396,30 @@ class DriverCore:
             generation,
             ", ".join(f"{m.worker_id}@{m.slot.host_id}" for m in self.world.members),
         )
+
+    def _whole_multiples(self, running: list[WorkerRecord]) -> tuple[list[WorkerRecord], list[WorkerRecord]]:
+        """The workers the next group takes, a whole multiple of ``size_multiple``, and those it leaves out.
+
+        The current group's blocks of ``size_multiple`` consecutive ranks (an HSDP replica group each, on a
+        ``(replicas, size_multiple)`` mesh) that lost nobody come first, so an untouched replica group stays whole
+        and keeps its shards; then the other members, by rank; then newcomers, in the order they started. Ranks
+        still follow the hosts (``make_world``).
+        """
+        multiple = self.config.size_multiple
+        if multiple == 1:
+            return running, []
+        ranks = {m.worker_id: m.slot.rank for m in self.world.members} if self.world is not None else {}
+        alive = Counter(ranks[w.worker_id] // multiple for w in running if w.worker_id in ranks)
+
+        def order(worker: WorkerRecord) -> tuple[int, int]:
+            rank = ranks.get(worker.worker_id)
+            if rank is None:
+                return 2, 0  # a newcomer, or a worker held earlier: sorted() keeps their order
+            return (0 if alive[rank // multiple] == multiple else 1), rank
+
+        ordered = sorted(running, key=order)
+        size = len(ordered) // multiple * multiple
+        return ordered[:size], ordered[size:]
 
     def _hand_off_done(self) -> bool:
         """Leaving workers stayed in the current group for its sync, which is over: they can go now."""

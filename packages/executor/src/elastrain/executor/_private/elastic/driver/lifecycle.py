@@ -34,7 +34,7 @@ class JobPhase(enum.Enum):
 class WorkerPhase(enum.Enum):
     SPARE = "spare"  # asked for without a host, for Ray to place the moment a node with room appears
     STARTING = "starting"  # its actor starts and imports torch
-    READY = "ready"  # runs the job's function and waits to be published into a group
+    READY = "ready"  # runs the job's function and waits to be published into a group (a held member waits again)
     MEMBER = "member"  # in a published group: it holds (or is about to receive) the committed state
     LEAVING = "leaving"  # its host went away gracefully: left out of the next group, it stops at its next commit
     STOPPING = "stopping"  # the driver killed it; its call has not ended yet
@@ -58,7 +58,7 @@ WORKER_TRANSITIONS: Mapping[WorkerPhase, frozenset[WorkerPhase]] = {
     _W.SPARE: frozenset({_W.STARTING, _W.STOPPING, _W.GONE}),
     _W.STARTING: frozenset({_W.READY, _W.STOPPING, _W.GONE}),
     _W.READY: frozenset({_W.MEMBER, _W.STOPPING, _W.GONE}),
-    _W.MEMBER: frozenset({_W.LEAVING, _W.STOPPING, _W.GONE}),
+    _W.MEMBER: frozenset({_W.READY, _W.LEAVING, _W.STOPPING, _W.GONE}),
     _W.LEAVING: frozenset({_W.STOPPING, _W.GONE}),
     _W.STOPPING: frozenset({_W.GONE}),
     _W.GONE: frozenset(),

@@ -50,7 +50,7 @@ class FailurePolicy:
             self.spare_missed(now)
             return None
         logger.warning("Worker %s on host %s failed: %s", worker.worker_id, worker.host_id, reason)
-        if worker.phase in (WorkerPhase.STARTING, WorkerPhase.READY):  # never held committed state
+        if worker.phase in (WorkerPhase.STARTING, WorkerPhase.READY) and not worker.held:  # a start that failed
             failures = self._startup_failures.get(worker.host_id, 0) + 1
             self._startup_failures[worker.host_id] = failures
             if failures >= _STARTUP_FAILURES_BEFORE_BLACKLIST:

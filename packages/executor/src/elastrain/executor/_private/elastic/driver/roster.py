@@ -20,6 +20,7 @@ class WorkerRecord:
     phase: WorkerPhase
     spawned_at: float
     node_id: str | None = None  # where it runs, once it is prepared
+    held: bool = False  # a member left out of the latest group (size_multiple) that waits, alive, to rejoin
 
     @property
     def joined(self) -> bool:

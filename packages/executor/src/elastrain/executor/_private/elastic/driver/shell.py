@@ -81,6 +81,7 @@ class ElasticDriver:
                 startup_grace_s=startup_grace_s,
                 arrival_timeout_s=elastic_options.collective_timeout_s,
                 spare_worker=spare_worker,
+                size_multiple=options.size_multiple,
             ),
             strict=strict_from_environment(),
         )

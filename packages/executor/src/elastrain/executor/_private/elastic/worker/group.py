@@ -119,7 +119,8 @@ class Runtime:
         return 0 if self.world is None else self.world.generation
 
     def join_next_world(self) -> None:
-        """Wait for the next world, then form its process group. Raises WorkerRemoved when left out of it."""
+        """Wait for the next world that includes this worker, then form its process group. Raises WorkerRemoved
+        when a world leaves it out without holding it for a later one."""
         while True:
             world: World = self._wait_on_driver(
                 functools.partial(self.coordinator.join.remote, self.worker_id, self.generation), "its next group"
@@ -127,6 +128,12 @@ class Runtime:
             member = world.member(self.worker_id)
             self._leave_group()
             self.world, self.member = world, member
+            if member is None and self.worker_id in world.held:
+                # Left out until its group of ``size_multiple`` is whole again: it keeps its process and waits.
+                logger.info(
+                    "Worker %s waits outside group %s for a group with room for it.", self.worker_id, world.generation
+                )
+                continue
             if member is None:
                 raise WorkerRemoved
             fault_point("join")
