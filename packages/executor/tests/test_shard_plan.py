@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from elastrain.executor._private.elastic.worker.shard_plan import (
     Holding,
     TensorInfo,
+    arrange_mesh,
     overlap,
     plan_shards,
     ring_shift,
@@ -129,3 +130,46 @@ def test_overlapping_chunks_of_one_version_are_refused() -> None:
     bad = Holding(1, 1, {"model/w": (((0,), (3,)), ((2,), (2,)))}, info, True)
     with pytest.raises(ValueError, match="overlap"):
         plan_shards([[bad]], [{"model/w": ((0,), (4,))}])
+
+
+def test_an_hsdp_mesh_keeps_a_replica_group_that_went_on_in_one_row_whatever_its_new_ranks() -> None:
+    # The replica group that went on (row 0 of its last mesh, version 9) came back as ranks 1 and 2 of a world of
+    # four; rank 0 held an older version, rank 3 is new. Rows ascend: FSDP2 shards a row in rank order.
+    hints = [(7, (2, 1, 0)), (9, (2, 0, 0)), (9, (2, 0, 1)), None]
+    assert arrange_mesh((2, 2), hints) == [[0, 3], [1, 2]]
+    # Ranks already in place keep the plain layout.
+    assert arrange_mesh((2, 2), [(9, (2, 0, 0)), (9, (2, 0, 1)), (9, (2, 1, 0)), (9, (2, 1, 1))]) == [[0, 1], [2, 3]]
+    # A group whose new ranks reversed its columns cannot stay in place in an ascending row: rank order it is.
+    assert arrange_mesh((1, 2), [(9, (2, 0, 1)), (9, (2, 0, 0))]) == [[0, 1]]
+    # Another shard size: copies of another layout give no place.
+    assert arrange_mesh((1, 4), [(9, (2, 0, 1)), (9, (2, 0, 0)), None, None]) == [[0, 1, 2, 3]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.sampled_from([(1, 2), (2, 2), (3, 2), (2, 3), (1, 4), (4, 1)]), data=st.data())
+def test_an_hsdp_arrangement_places_every_rank_once_in_ascending_rows(
+    shape: tuple[int, int], data: st.DataObject
+) -> None:
+    replicas, shard_size = shape
+    size = replicas * shard_size
+    hint = st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 2), st.tuples(st.sampled_from([1, 2, 3]), st.integers(0, 3), st.integers(0, 2))),
+    )
+    hints = [
+        h if h is None or h[1][2] < h[1][0] else None for h in data.draw(st.lists(hint, min_size=size, max_size=size))
+    ]
+    mesh = arrange_mesh(shape, hints)
+    assert len(mesh) == replicas
+    assert all(len(row) == shard_size for row in mesh)
+    assert sorted(r for row in mesh for r in row) == list(range(size))
+    assert all(row == sorted(row) for row in mesh)
+    newest = max((h[0] for h in hints if h is not None), default=None)
+    whole = []  # rows of the last mesh that came back whole, up to date, with their columns in rank order
+    for old_row in sorted({h[1][1] for h in hints if h is not None}):
+        members = [(r, h[1][2]) for r, h in enumerate(hints) if h is not None and h[0] == newest]
+        members = [(r, c) for r, c in members if hints[r][1][:2] == (shard_size, old_row)]  # type: ignore[index]
+        if [c for _, c in members] == list(range(shard_size)):
+            whole.append([r for r, _ in members])
+    kept = [row for row in whole if row in mesh]
+    assert len(kept) == min(len(whole), replicas), (whole, mesh)

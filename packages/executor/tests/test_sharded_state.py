@@ -85,6 +85,44 @@ def test_an_hsdp_replica_holds_what_a_lost_worker_sharded_without_buddy_copies(t
     assert [load["path"] for load in results[4]["loads"]] == ["memory"]
 
 
+def test_an_hsdp_replica_group_that_went_on_keeps_its_shards_at_other_ranks(tmp_path: Path) -> None:
+    """Replica groups (0, 1) and (2, 3); worker 0 dies. The untouched group goes on alone, while worker 1 waits
+    outside (``size_multiple``). Then 1 and a newcomer come back, and ranks follow the hosts: 2 and 3 become
+    ranks 1 and 2, whose plain places would be a row apart and the other shard each. The mesh is arranged so
+    that they stay one row, each in its shard: neither receives anything, and the two others receive their
+    chunks from them. Last, 1 and 2 die at once (one shard, both replicas): the state resumes from the sharded
+    checkpoint written on the arranged mesh, and ends with the failure-free weights."""
+    folder = tmp_path / "checkpoints"
+    script = {
+        "worlds": [
+            [free_port(), [0, 1, 2, 3], 12],
+            [free_port(), [2, 3], 8],
+            [free_port(), [1, 2, 3, 4], 12],
+            [free_port(), [3, 4], 14],
+        ],
+        "exits": {"0": 5, "1": 11, "2": 11},
+        "linger_s": 1.0,  # the checkpoint of commit 10 is committed before they die
+        "every": 0,
+        "hsdp": True,
+        "persist": {"folder": str(folder), "every": 2},
+    }
+    results = run_script(script, tmp_path, timeout_s=180)
+    assert sorted(results) == [3, 4], results
+    assert_failed_fast(results)
+    for result in results.values():
+        assert "error" not in result, result
+        assert_weights_match(result, 14)
+    fresh, alone, healed, resumed = results[3]["loads"]
+    assert fresh["path"] == "fresh"
+    assert (alone["path"], alone["commits"], alone["received_bytes"]) == ("memory", 5, 0)
+    assert (healed["path"], healed["commits"], healed["received_bytes"]) == ("memory", 8, 0)
+    assert healed["sent_bytes"] > 0
+    newcomer = results[4]["loads"][0]
+    assert (newcomer["path"], newcomer["commits"]) == ("memory", 8)
+    assert newcomer["received_bytes"] > 0
+    assert (resumed["path"], resumed["commits"]) == ("persisted", 10)
+
+
 def test_losing_a_shard_and_its_buddy_at_once_loses_the_state(tmp_path: Path) -> None:
     script = {
         "worlds": [[free_port(), [0, 1, 2, 3], 12], [free_port(), [0, 1], 12]],

@@ -79,6 +79,7 @@ class Copy:
     layout: Layout
     buffer: Any
     replicated: dict[str, Any] | None = None
+    place: tuple[int, int, int] | None = None  # (shard size, row, column) on the HSDP mesh it was saved on
     _views: dict[str, Any] | None = field(default=None, repr=False)
 
     @property

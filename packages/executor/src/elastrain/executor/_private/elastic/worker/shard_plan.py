@@ -179,6 +179,36 @@ def _pieces(
     return tuple(pieces)
 
 
+def arrange_mesh(shape: tuple[int, int], hints: Sequence[tuple[int, tuple[int, int, int]] | None]) -> list[list[int]]:
+    """The ranks of a ``(replicas, shard_size)`` mesh, row by row (a row is a replica group).
+
+    A rank's chunks on such a mesh depend only on its column (its shard). Ranks follow the hosts, not the replica
+    groups, so a replica group that goes on may find its members at other ranks than before. Each row of the
+    previous mesh that is whole here, with the newest version and this shard size, and whose members' new ranks
+    are still in the order of their columns, stays one row: every member keeps its shard, and its chunks stay
+    where they are. The other ranks fill the remaining rows in rank order.
+
+    Every row is in ascending rank order: FSDP2 takes a rank's shard from its rank in the row's process group,
+    which orders members by global rank, while the mesh (and DCP) read it from the column; the two agree only
+    when rows ascend. ``hints[r]`` is rank ``r``'s newest copy as ``(version, (shard_size, row, column))``, or
+    None (a newcomer, or a copy of a 1-D mesh).
+    """
+    replicas, shard_size = shape
+    newest = max((hint[0] for hint in hints if hint is not None), default=None)
+    previous_rows: dict[int, list[tuple[int, int]]] = {}
+    for rank, hint in enumerate(hints):
+        if hint is not None and hint[0] == newest and hint[1][0] == shard_size:
+            previous_rows.setdefault(hint[1][1], []).append((rank, hint[1][2]))
+    rows: list[list[int]] = []
+    for _, members in sorted(previous_rows.items()):
+        if len(rows) < replicas and [column for _, column in sorted(members)] == list(range(shard_size)):
+            rows.append(sorted(rank for rank, _ in members))
+    taken = {rank for row in rows for rank in row}
+    others = [rank for rank in range(len(hints)) if rank not in taken]
+    rows += [others[i : i + shard_size] for i in range(0, len(others), shard_size)]
+    return sorted(rows)
+
+
 def ring_shift(nodes: Sequence[str]) -> int:
     """The smallest shift ``s`` for which every rank's buddy ``(rank + s) % size`` is on another node; 1 where
     no shift does that (one node, or nodes of uneven sizes with no such shift)."""

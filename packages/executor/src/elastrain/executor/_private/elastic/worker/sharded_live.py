@@ -12,8 +12,9 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from elastrain.executor._private.elastic.worker.shard_copies import Layout
-from elastrain.executor._private.elastic.worker.shard_plan import TensorInfo
+from elastrain.executor._private.elastic.worker.collectives import all_gather_object
+from elastrain.executor._private.elastic.worker.shard_copies import Copy, Layout
+from elastrain.executor._private.elastic.worker.shard_plan import TensorInfo, arrange_mesh
 
 MeshShape = Callable[[int], tuple[int, int]]
 MESH_DIM_NAMES = ("replicate", "shard")
@@ -40,16 +41,23 @@ def mesh_dims(mesh_shape: MeshShape | None, size: int) -> tuple[tuple[int, ...],
 
 
 def build_objects(
-    build: Callable[[Any], Any], size: int, mesh_shape: MeshShape | None = None
+    build: Callable[[Any], Any],
+    size: int,
+    mesh_shape: MeshShape | None = None,
+    arrangement: list[list[int]] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Run ``build`` on a mesh over the current world; the mesh, and what it returned by name."""
+    """Run ``build`` on a mesh over the current world; the mesh, and what it returned by name. ``arrangement``:
+    the ranks of a 2-D mesh row by row (``shard_plan.arrange_mesh``); in rank order without it."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     shape, names = mesh_dims(mesh_shape, size)
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    if arrangement is not None and len(shape) == 2:
+        mesh = DeviceMesh(device_type, torch.tensor(arrangement, dtype=torch.int), mesh_dim_names=names)
+    else:
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     result = build(mesh)
     if isinstance(result, torch.nn.Module):
         built: dict[str, Any] = {"model": result}
@@ -73,6 +81,27 @@ def build_objects(
         if name not in modules + optimizers and not callable(getattr(value, "state_dict", None)):
             raise TypeError(f"build(mesh) returned {name}={value!r}, which has no state_dict(); return only state.")
     return mesh, built
+
+
+def hsdp_arrangement(mesh_shape: MeshShape | None, size: int, newest: Copy | None) -> list[list[int]] | None:
+    """The ranks of the new world's HSDP mesh, placed so that a replica group holding the newest chunks keeps
+    its shards (``shard_plan.arrange_mesh``, from one small all-gather of every member's newest copy); None for a
+    1-D mesh. Every member calls it, at every reset."""
+    shape, _ = mesh_dims(mesh_shape, size)
+    if len(shape) != 2:
+        return None
+    hint = (newest.version, newest.place) if newest is not None and newest.place is not None else None
+    return arrange_mesh((shape[0], shape[1]), all_gather_object(hint))
+
+
+def mesh_place(mesh: Any) -> tuple[int, int, int] | None:
+    """(shard size, row, column) of this rank on a 2-D mesh; None on a 1-D one."""
+    if mesh.ndim != 2:
+        return None
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        return None
+    return int(mesh.size(1)), int(coordinate[0]), int(coordinate[1])
 
 
 def release_mesh(mesh: Any) -> None:

@@ -33,6 +33,8 @@ from elastrain.executor._private.elastic.worker.sharded_live import (
     MeshShape,
     build_objects,
     forget_cached_meshes,
+    hsdp_arrangement,
+    mesh_place,
     release_mesh,
 )
 from elastrain.executor._private.elastic.worker.state import State, _check_names
@@ -55,6 +57,7 @@ class _Shards:
     handlers: dict[str, StateHandler] = field(default_factory=dict)  # samplers, schedulers: replicated
     last_load: dict[str, Any] = field(default_factory=dict)  # what the last reset did (also reported as an event)
     persister: ShardPersister | None = None
+    place: tuple[int, int, int] | None = None  # (shard size, row, column) on the current HSDP mesh
 
 
 class ShardedTorchState(State):
@@ -210,7 +213,7 @@ class ShardedTorchState(State):
         buffer = reusable.buffer if reusable is not None else layout.allocate()
         shards.own = [c for c in shards.own if c.version in keep and c is not reusable]
         shards.version += 1
-        own = Copy(shards.version, commits, layout, buffer, self._replicated(live))
+        own = Copy(shards.version, commits, layout, buffer, self._replicated(live), shards.place)
         live.copy_into(own.views)
         fault_point("commit_copy_mid", done=1)
         shards.own.append(own)
@@ -257,7 +260,9 @@ class ShardedTorchState(State):
         rank, size = dist.get_rank(), dist.get_world_size()
         job.role = role_before
         forget_cached_meshes()  # none of an earlier world's meshes may answer for this one's
-        shards.mesh, shards.built = build_objects(shards.build, size, shards.mesh_shape)
+        arrangement = hsdp_arrangement(shards.mesh_shape, size, shards.own[-1] if shards.own else None)
+        shards.mesh, shards.built = build_objects(shards.build, size, shards.mesh_shape, arrangement)
+        shards.place = mesh_place(shards.mesh)
         shards.live = live = LiveShards.of(shards.built)
         targets = live.layout(init_optimizer=True)
         held = [*shards.own, *shards.redundancy.ward_copies()]
