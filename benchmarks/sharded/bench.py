@@ -23,6 +23,10 @@ Worlds of real processes without Ray (spawned, a fresh ``TCPStore`` per world, g
   same step; from the kill, the others are stopped (SIGKILL as soon as the dead one is seen), and 3 fresh
   processes import torch, form a group, build the FSDP model, ``dcp.load`` the local checkpoint, and step.
   ``REPEATS`` times each, in fresh processes, alternating.
+- worker lost under HSDP (2 × 2, ``size_multiple=2``, no buddy copies): the same loss, timed the same way,
+  for the untouched replica group, which goes on alone at 2 ranks with the chunks it holds; the lost rank's
+  replica-group mate leaves (under ``size_multiple`` it would wait for a replacement). Against the same
+  restart baseline, and against the 1-D recovery above.
 - load at a new world size: a job at 2 or 3 ranks whose state is in nobody's memory loads the latest
   ``ShardedStatePersistence`` checkpoint written at 4 ranks (listing, download from the store on local disk,
   ``dcp.load`` resharded: the time of the state's persisted-load path) vs ``dcp.load`` +
@@ -336,8 +340,14 @@ def measure_save(model_config: dict[str, Any], rounds: int, every: int, store: P
 # -- 2: a worker lost ---------------------------------------------------------------------------------------------
 
 
+def hsdp_pairs(size: int) -> tuple[int, int]:
+    return size // 2, 2
+
+
 def lost_worker(rank: int, size: int, ports: list[int], config: dict[str, Any], out: str) -> None:
-    """elastrain: the last rank exits after its commit of ``LOST_AT_STEP``; the others go on at ``size - 1``."""
+    """elastrain: the last rank exits after its commit of ``LOST_AT_STEP``; the others go on at ``size - 1``.
+    With ``config["hsdp"]``: a 2 × 2 HSDP mesh without buddy copies, and the lost rank's replica-group mate
+    leaves too (under ``size_multiple=2`` it waits outside the group): the untouched replica group goes on."""
     import torch
     import torch.distributed as dist
 
@@ -346,7 +356,13 @@ def lost_worker(rank: int, size: int, ports: list[int], config: dict[str, Any], 
     torch.set_num_threads(1)
     job = install_job(rank)
     model_config, width = config["model"], config["model"]["width"]
-    state = elastic.ShardedTorchState(functools.partial(build, **model_config), redundancy_every=1, step=0)
+    hsdp = bool(config.get("hsdp"))
+    state = elastic.ShardedTorchState(
+        functools.partial(build, **model_config),
+        mesh_shape=hsdp_pairs if hsdp else None,
+        redundancy_every=0 if hsdp else 1,
+        step=0,
+    )
     form(ports[0], rank, size)
     job.generation = 1
     state._synchronize()
@@ -371,12 +387,14 @@ def lost_worker(rank: int, size: int, ports: list[int], config: dict[str, Any], 
         state._roll_back()
     if not caught:
         raise RuntimeError("no collective failed")
+    if hsdp and rank == size - 2:
+        finish(out, {"rank": rank, "held": True})  # ends the process: it would wait for a replacement
     del model, optimizer
     for user in job.users:
         user.unbind()
     dist.destroy_process_group()
     left = time.time()
-    form(ports[1], rank, size - 1)
+    form(ports[1], rank, size - 2 if hsdp else size - 1)
     job.generation = 2
     formed = time.time()
     state._synchronize()
@@ -399,9 +417,10 @@ def lost_worker(rank: int, size: int, ports: list[int], config: dict[str, Any], 
     finish(out, result)
 
 
-def measure_lost(model_config: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    progress("worker lost: elastrain")
-    ranks = run_world(lost_worker, WORLD, ([free_port(), free_port()], {"model": model_config}), scratch)
+def measure_lost(model_config: dict[str, Any], scratch: Path, hsdp: bool = False) -> dict[str, Any]:
+    progress(f"worker lost: elastrain{' (HSDP)' if hsdp else ''}")
+    config = {"model": model_config, "hsdp": hsdp}
+    ranks = run_world(lost_worker, WORLD, ([free_port(), free_port()], config), scratch)
     if any(r is None for r in ranks):
         raise RuntimeError(f"the worker-lost world failed: {ranks}")
     survivors = [r for r in ranks if "caught_at" in r]
@@ -419,6 +438,10 @@ def measure_lost(model_config: dict[str, Any], scratch: Path) -> dict[str, Any]:
         "lost_commits": max(r["last_load"].get("lost_commits", 0) for r in survivors),
         "received_mib": round(sum(r["last_load"].get("received_bytes", 0) for r in survivors) / 2**20, 1),
     }
+
+
+def measure_lost_hsdp(model_config: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    return measure_lost(model_config, scratch, hsdp=True)
 
 
 def plain_worker(rank: int, size: int, port: int, config: dict[str, Any], out: str) -> None:
@@ -639,9 +662,10 @@ def main() -> None:
         shutil.copytree(scratch / "store-1", store)  # the checkpoint the load reads: written at 4 ranks
         lost: list[dict[str, Any]] = []
         restart: list[dict[str, Any]] = []
+        lost_hsdp: list[dict[str, Any]] = []
         for index in range(repeats):
-            pair = [(lost, measure_lost), (restart, measure_restart)]
-            for samples, measure in reversed(pair) if index % 2 else pair:
+            cases = [(lost, measure_lost), (restart, measure_restart), (lost_hsdp, measure_lost_hsdp)]
+            for samples, measure in reversed(cases) if index % 2 else cases:
                 samples.append(measure(model_config, scratch))
         load = {size: measure_load(model_config, rounds, size, store, scratch) for size in LOAD_SIZES}
         progress("DDP state: every rank's share vs rank 0 alone, SeaweedFS S3")
@@ -654,6 +678,7 @@ def main() -> None:
     total_mb = save[1]["state_bytes_per_rank"] * WORLD / 1e6
     model_text = f"{parameters / 1e6:.1f}M params + AdamW ({total_mb:.0f} MB)"
     lost_s = statistics.median(r["recovery_s"] for r in lost)
+    lost_hsdp_s = statistics.median(r["recovery_s"] for r in lost_hsdp)
     restart_s = statistics.median(r["recovery_s"] for r in restart)
     save_case = f"sharded save, {model_text}, {WORLD} ranks"
     dcp_async = "torch.distributed.checkpoint.async_save (returns)"
@@ -668,6 +693,12 @@ def main() -> None:
             "failed collective caught → first step on the survivors (state from memory)", lost_s,
             "stop all, restart from the DCP checkpoint, as Ray Train does (kill → first step; no Ray)", restart_s,
             0.2),
+        Row(f"worker lost, HSDP 2 × 2 (size_multiple=2, no buddy copies), {model_text}, {WORLD} → 2 ranks",
+            "failed collective caught → first step of the untouched replica group (nothing moves)", lost_hsdp_s,
+            "stop all, restart from the DCP checkpoint (the row above's baseline)", restart_s, 0.2),
+        Row(f"worker lost, HSDP 2 × 2 (size_multiple=2, no buddy copies), {model_text}, {WORLD} → 2 ranks",
+            "the untouched replica group goes on", lost_hsdp_s,
+            f"1-D FSDP2, resharded {WORLD} → {WORLD - 1} from memory (the row above)", lost_s, None),
     ]  # fmt: skip
     for size in LOAD_SIZES:
         rows.append(
@@ -708,12 +739,18 @@ def main() -> None:
                 for key in ("kill_to_caught_s", "leave_s", "form_s", "sync_s", "step_s", "steady_step_s")
             },
             "restart": {key: round(statistics.median(r[key] for r in restart), 3) for key in RESTART_PHASES},
+            "hsdp_untouched_group": {
+                key: round(statistics.median(r[key] for r in lost_hsdp), 3)
+                for key in ("kill_to_caught_s", "leave_s", "form_s", "sync_s", "step_s", "steady_step_s")
+            },
         },
         "worker_lost_load": {
             "path": [r["load_path"] for r in lost],
             "lost_commits": [r["lost_commits"] for r in lost],
             "received_mib": [r["received_mib"] for r in lost],
             "restart_loaded_step": [r["loaded_step"] for r in restart],
+            "hsdp_path": [r["load_path"] for r in lost_hsdp],
+            "hsdp_received_mib": [r["received_mib"] for r in lost_hsdp],
         },
         "rounds": rounds,
         "repeats": repeats,
@@ -723,6 +760,7 @@ def main() -> None:
             "worker_lost": {
                 "elastrain": [round(r["recovery_s"], 3) for r in lost],
                 "restart": [round(r["recovery_s"], 3) for r in restart],
+                "hsdp": [round(r["recovery_s"], 3) for r in lost_hsdp],
             },
             **{f"load_{size}_ranks": load[size]["samples"] for size in LOAD_SIZES},
         },
