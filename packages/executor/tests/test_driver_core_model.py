@@ -393,7 +393,7 @@ _SETTINGS = settings(
 )
 DriverCoreMachine.TestCase.settings = _SETTINGS
 TestDriverCore = DriverCoreMachine.TestCase
-BlocksMachine.TestCase.settings = settings(_SETTINGS, max_examples=max(EXAMPLES // 3, 1))
+BlocksMachine.TestCase.settings = settings(_SETTINGS, max_examples=max(EXAMPLES // 6, 1))
 TestDriverCoreBlocks = BlocksMachine.TestCase
 
 

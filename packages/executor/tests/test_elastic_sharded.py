@@ -76,8 +76,18 @@ def reference_weights(steps: int) -> dict[str, Any]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def test_fsdp_job_survives_a_crash_from_memory_and_takes_a_replacement(crash_dir: Path) -> None:
+def assert_every_worker_ends_at_the_reference(results: list[dict[str, Any]], workers: int, stop_file: Path) -> None:
+    """Every worker's final weights are those of the failure-free run of as many steps as the job ran."""
     import torch
+
+    expected = reference_weights(int(stop_file.read_text()))
+    assert len(results) == workers
+    for weights in results:
+        for name, value in expected.items():
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_job_survives_a_crash_from_memory_and_takes_a_replacement(crash_dir: Path) -> None:
 
     (crash_dir / "crash-2-5").touch()
     discovery = StaticHostDiscovery("host-1:1,host-2:1,host-3:1")
@@ -99,19 +109,13 @@ def test_fsdp_job_survives_a_crash_from_memory_and_takes_a_replacement(crash_dir
     assert {m["pid"] for m in after_crash} == survivors, "the survivors were restarted"
     regrown = [m for m in loads if m["size"] == 3 and m["path"] == "memory"]
     assert any(m["pid"] not in survivors for m in regrown), "the replacement never joined"
-    steps = int(stop_file.read_text())
-    expected = reference_weights(steps)
-    assert len(results) == 3
-    for weights in results:
-        for name, value in expected.items():
-            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+    assert_every_worker_ends_at_the_reference(results, 3, stop_file)
 
 
 def test_hsdp_replica_groups_a_lost_group_waits_and_heals_from_a_live_replica(crash_dir: Path) -> None:
     """Two replica groups of two (size_multiple=2). Rank 1 dies: the untouched group goes on alone with the
     chunks it holds (nothing moves), rank 0 waits alive outside it, and once a replacement is up the new group
     takes every chunk from the live replica."""
-    import torch
 
     (crash_dir / "crash-1-5").touch()
     discovery = StaticHostDiscovery("host-1:1,host-2:1,host-3:1,host-4:1")
@@ -142,9 +146,4 @@ def test_hsdp_replica_groups_a_lost_group_waits_and_heals_from_a_live_replica(cr
     assert first[0] in {m["pid"] for m in newcomers}, "rank 0 was restarted instead of waiting"
     assert all(m["received_bytes"] > 0 for m in newcomers), "the healing group did not receive its chunks"
     assert all(m["received_bytes"] == 0 for m in heal if m not in newcomers), "a live replica received chunks"
-    steps = int(stop_file.read_text())
-    expected = reference_weights(steps)
-    assert len(results) == 4
-    for weights in results:
-        for name, value in expected.items():
-            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+    assert_every_worker_ends_at_the_reference(results, 4, stop_file)
