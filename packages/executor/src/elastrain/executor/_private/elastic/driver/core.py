@@ -403,7 +403,8 @@ class DriverCore:
         The current group's blocks of ``size_multiple`` consecutive ranks (an HSDP replica group each, on a
         ``(replicas, size_multiple)`` mesh) that lost nobody come first, so an untouched replica group stays whole
         and keeps its shards; then the other members, by rank; then newcomers, in the order they started. Ranks
-        still follow the hosts (``make_world``).
+        still follow the hosts (``make_world``): a sharded state puts each whole replica group back in one row of
+        its new mesh (``shard_plan.arrange_mesh``).
         """
         multiple = self.config.size_multiple
         if multiple == 1:
