@@ -27,6 +27,7 @@ class Row:
     baseline_s: float
     target_ratio: float | None  # the ratio value/baseline must stay at or below this; None: reported only
     target_s: float | None = None  # an absolute bound the issue sets, where a ratio cannot express it
+    unit: str = "s"  # what value_s, baseline_s and target_s count: "s", "B" (bytes), "cores" (CPU s per s), "/s"
 
     @property
     def ratio(self) -> float:
@@ -129,6 +130,17 @@ def _proc_field(path: str, key: str) -> str | None:
     return None
 
 
+def format_value(value: float, unit: str = "s") -> str:
+    """A row's value in its unit: seconds as ``format_seconds``, bytes in KiB/MiB, rates and cores plainly."""
+    if unit == "B":
+        return f"{value / 2**20:.1f} MiB" if value >= 2**20 else f"{value / 2**10:.1f} KiB"
+    if unit == "cores":
+        return f"{value:.2f} cores"
+    if unit == "/s":
+        return f"{value:,.0f}/s"
+    return format_seconds(value)
+
+
 def format_seconds(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} µs"
@@ -144,11 +156,11 @@ def markdown_table(rows: list[Row]) -> str:
     ]
     for row in rows:
         targets = [] if row.target_ratio is None else [f"≤ {row.target_ratio:g}×"]
-        targets += [] if row.target_s is None else [f"≤ {format_seconds(row.target_s)}"]
+        targets += [] if row.target_s is None else [f"≤ {format_value(row.target_s, row.unit)}"]
         target = ", ".join(targets) or "-"
         lines.append(
-            f"| {row.case} | {row.metric} | {format_seconds(row.value_s)} | {row.baseline} | "
-            f"{format_seconds(row.baseline_s)} | {row.ratio:.2f}× | {target} | {row.verdict} |"
+            f"| {row.case} | {row.metric} | {format_value(row.value_s, row.unit)} | {row.baseline} | "
+            f"{format_value(row.baseline_s, row.unit)} | {row.ratio:.2f}× | {target} | {row.verdict} |"
         )
     return "\n".join(lines)
 

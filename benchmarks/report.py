@@ -24,7 +24,7 @@ from matplotlib.artist import Artist
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from benchlib import format_seconds
+from benchlib import format_value
 
 RESULTS = Path(__file__).parent / "results"
 COLOURS = {"meets": "#2e7d32", "misses": "#c62828", "-": "#9e9e9e"}
@@ -64,7 +64,7 @@ def format_ratio(value: float) -> str:
 
 def target(row: dict[str, Any]) -> str:
     bounds = [] if row.get("target_ratio") is None else [f"≤ {row['target_ratio']:.3g}×"]
-    bounds += [] if row.get("target_s") is None else [f"≤ {format_seconds(row['target_s'])}"]
+    bounds += [] if row.get("target_s") is None else [f"≤ {format_value(row['target_s'], row.get('unit', 's'))}"]
     return ", ".join(bounds) or "-"
 
 
@@ -101,13 +101,16 @@ def details(result: Result) -> list[str]:
     lines = [f"### {result['benchmark']}", "", f"Ran {result.get('when', 'at an unrecorded time')}.", ""]
     lines += ["| case | metric | elastrain | baseline | baseline time | ratio |", "|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        baseline_s = format_seconds(row["baseline_s"]) if compared(row) else "-"
+        unit = row.get("unit", "s")
+        baseline_s = format_value(row["baseline_s"], unit) if compared(row) else "-"
         shown = format_ratio(ratio(row)) if compared(row) else "-"
         lines.append(
-            f"| {row['case']} | {row['metric']} | {format_seconds(row['value_s'])} | {row.get('baseline') or '-'} | "
-            f"{baseline_s} | {shown} |"
+            f"| {row['case']} | {row['metric']} | {format_value(row['value_s'], unit)} | "
+            f"{row.get('baseline') or '-'} | {baseline_s} | {shown} |"
         )
     notes = result.get("notes") or {}
+    if notes.get("curves"):
+        lines += ["", f"![{result['benchmark']}: time against size, log-log]({curves_file(result)})"]
     if notes:
         lines += ["", "Notes:", ""]
         lines += [f"- `{key}`: {json.dumps(value, ensure_ascii=False)}" for key, value in notes.items()]
@@ -187,6 +190,36 @@ def chart(results: list[Result], output: Path) -> None:
     plt.close(fig)
 
 
+def curves_file(result: Result) -> str:
+    return f"{result['benchmark']}-curves.png"
+
+
+def curves_chart(result: Result, output: Path) -> None:
+    """Each curve of ``notes["curves"]`` ({name: {size: seconds}}) against size, log-log, with O(N) and O(N²)
+    guides through the first curve's first point: a curve steeper than the O(N) guide grows faster than the job."""
+    curves: dict[str, dict[str, float]] = result["notes"]["curves"]
+    fig, ax = plt.subplots(figsize=(10, 6.5), layout="constrained")
+    markers = "osD^v<>ph*"
+    for index, (name, points) in enumerate(curves.items()):
+        sizes = sorted(int(n) for n in points)
+        ax.plot(sizes, [points[str(n)] for n in sizes], marker=markers[index % len(markers)], label=name)
+    first = next(iter(curves.values()))
+    sizes = sorted(int(n) for n in first)
+    if len(sizes) > 1:
+        n0, t0 = sizes[0], first[str(sizes[0])]
+        for power, style, label in ((1, ":", "O(N) guide"), (2, "--", "O(N²) guide")):
+            ax.plot(sizes, [t0 * (n / n0) ** power for n in sizes], color="grey", linestyle=style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("workers (N)")
+    ax.set_ylabel("seconds (log scale)")
+    ax.set_title(f"{result['benchmark']}: time against N")
+    ax.grid(which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.savefig(output, dpi=120, metadata={"Software": None})
+    plt.close(fig)
+
+
 def _label(row: dict[str, Any]) -> str:
     return textwrap.fill(f"{row['case']}: {row['metric']}", width=60) + f"\nvs {row['baseline']}"
 
@@ -199,6 +232,9 @@ def main() -> None:
     if not results:
         raise SystemExit(f"No benchmark results in {args.results}; run `python3 -m nox -s bench` first.")
     chart(results, args.results / "ratios.png")
+    for result in results:
+        if (result.get("notes") or {}).get("curves"):
+            curves_chart(result, args.results / curves_file(result))
     (args.results / "REPORT.md").write_text(markdown(results, "ratios.png"))
     print(f"wrote {args.results / 'REPORT.md'} and {args.results / 'ratios.png'}", flush=True)
 

@@ -228,6 +228,11 @@ class DriverCoreMachine(RuleBasedStateMachine):
             assert len(core.roster.counted()) <= core.config.max_workers
         if core.phase in TERMINAL:
             assert len(self.shell.ended) == 1
+        # The roster's phase index (what each round asks, at any size) agrees with a scan of every worker.
+        for phase in WorkerPhase:
+            scanned = [w for w in core.roster if w.phase is phase]
+            assert core.roster.in_phase(phase) == scanned, phase
+            assert core.roster.count(phase) == len(scanned), phase
 
     # -- what can happen next -------------------------------------------------------------------------------
 

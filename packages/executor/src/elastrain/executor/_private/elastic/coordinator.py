@@ -47,14 +47,22 @@ class CoordinatorReport:
 
 
 class Coordinator:
+    """Each wait has its own event, so that one arrival or beat wakes only those it concerns: with one shared
+    condition every arrival woke every waiting member, and a group of N cost N² wake-ups to form."""
+
     def __init__(self) -> None:
         self._world: World | None = None
+        self._member_ids: frozenset[str] = frozenset()  # the current world's members
         self._published_at = 0.0
+        self._published = asyncio.Event()  # set (and replaced) at each publish: joiners wait on it
         self._stores: dict[int, tuple[str, int]] = {}
+        self._store_set: dict[int, asyncio.Event] = {}
         self._arrived: dict[int, set[str]] = {}
+        self._arrived_members = 0  # members of the current world that arrived
+        self._settled: dict[int, asyncio.Event] = {}  # a generation's: every member arrived, or it was replaced
         self._complete: set[int] = set()  # generations whose members all arrived
         self._members_so_far: set[str] = set()  # every worker that has been in a published world
-        self._changed = asyncio.Condition()
+        self._failed = asyncio.Event()  # a failure waits for the driver's next poll
         self._failures: list[tuple[str, int, str]] = []
         self._beats: dict[str, float] = {}  # worker id → when it last beat (this process's monotonic clock)
         self._driver_seen = time.monotonic()
@@ -64,17 +72,25 @@ class Coordinator:
     # -- driver side -----------------------------------------------------------------------------------------
 
     async def publish(self, world: World) -> None:
-        async with self._changed:
-            self._world = world
-            self._published_at = time.monotonic()
-            self._driver_seen = self._published_at
-            self._members_so_far.update(m.worker_id for m in world.members)
-            for generation in [g for g in self._stores if g < world.generation]:
-                del self._stores[generation]
-            for generation in [g for g in self._arrived if g < world.generation]:
-                del self._arrived[generation]
-            self._complete = {g for g in self._complete if g >= world.generation - 1}
-            self._changed.notify_all()
+        self._world = world
+        self._member_ids = frozenset(m.worker_id for m in world.members)
+        self._published_at = time.monotonic()
+        self._driver_seen = self._published_at
+        self._members_so_far |= self._member_ids
+        for generation in [g for g in self._stores if g < world.generation]:
+            del self._stores[generation]
+        for generation in [g for g in self._store_set if g < world.generation]:
+            del self._store_set[generation]
+        for generation in [g for g in self._arrived if g < world.generation]:
+            del self._arrived[generation]
+        for generation in [g for g in self._settled if g != world.generation]:
+            self._settled.pop(generation).set()  # replaced: its waiting members join the next world
+        self._complete = {g for g in self._complete if g >= world.generation - 1}
+        arrived = self._arrived.get(world.generation, set())
+        self._arrived_members = len(arrived & self._member_ids)
+        self._check_complete(world.generation)
+        self._published.set()
+        self._published = asyncio.Event()
 
     async def poll(self, liveness_timeout_s: float) -> CoordinatorReport:
         """Failures reported since the last poll, workers silent for longer than ``liveness_timeout_s``, and who
@@ -82,6 +98,7 @@ class Coordinator:
         now = time.monotonic()
         self._driver_seen = now
         failures, self._failures = self._failures, []
+        self._failed.clear()
         events, self._events = self._events, []
         silent = {w: now - t for w, t in self._beats.items() if now - t > liveness_timeout_s}
         missing = None
@@ -95,10 +112,9 @@ class Coordinator:
     async def failure_reported(self, timeout_s: float) -> bool:
         """Whether a failure waits for the driver's next poll: answers as soon as one is reported, else after
         ``timeout_s``. The driver keeps one such call pending, so it acts on a failed group at once."""
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._failures)), timeout_s)
-            return bool(self._failures)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._failed.wait(), timeout_s)
+        return bool(self._failures)
 
     async def forget(self, worker_ids: list[str]) -> None:
         """Stop watching workers that are gone (their beats would otherwise read as silence)."""
@@ -135,12 +151,16 @@ class Coordinator:
             world = self._world
             if world is None or world.generation <= after_generation:
                 return False
-            return world.member(worker_id) is not None or worker_id in self._members_so_far
+            return worker_id in self._member_ids or worker_id in self._members_so_far
 
-        async with self._changed:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
-            return WaitResult(self._world if ready() else None, self._driver_silent())
+                await asyncio.wait_for(self._published.wait(), remaining)
+        return WaitResult(self._world if ready() else None, self._driver_silent())
 
     async def arrive(self, generation: int, worker_id: str, timeout_s: float, commits: int = 0) -> WaitResult:
         """Wait until every member of world ``generation`` arrived: ``value`` True. False when that world was
@@ -153,27 +173,31 @@ class Coordinator:
         before anyone blocks there, so a worker never waits for peers who went on to a newer world. Survivors
         arrive at their next commit, which may be far off; how long a member may stay away is the driver's call.
         """
-        async with self._changed:
-            self._high_water = max(self._high_water, commits)
-            arrived = self._arrived.setdefault(generation, set())
+        self._high_water = max(self._high_water, commits)
+        arrived = self._arrived.setdefault(generation, set())
+        world = self._world
+        current = world is not None and world.generation == generation
+        if worker_id not in arrived:
             arrived.add(worker_id)
-            world = self._world
-            if world is not None and world.generation == generation and {m.worker_id for m in world.members} <= arrived:
-                self._complete.add(generation)
-            self._changed.notify_all()
+            if current and worker_id in self._member_ids:
+                self._arrived_members += 1
+        if current:
+            self._check_complete(generation)
 
-            def settled() -> bool:
-                current = self._world
-                return generation in self._complete or current is None or current.generation != generation
+        def settled() -> bool:
+            current = self._world
+            return generation in self._complete or current is None or current.generation != generation
 
+        if not settled():
+            event = self._settled.setdefault(generation, asyncio.Event())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(settled), timeout_s)
-            if generation in self._complete:
-                return WaitResult(True, self._driver_silent(), self._high_water)
-            if settled():
-                arrived.discard(worker_id)  # gone from this generation: it must not count as present
-                return WaitResult(False, self._driver_silent(), self._high_water)
-            return WaitResult(None, self._driver_silent(), self._high_water)
+                await asyncio.wait_for(event.wait(), timeout_s)
+        if generation in self._complete:
+            return WaitResult(True, self._driver_silent(), self._high_water)
+        if settled():
+            arrived.discard(worker_id)  # gone from this generation: it must not count as present
+            return WaitResult(False, self._driver_silent(), self._high_water)
+        return WaitResult(None, self._driver_silent(), self._high_water)
 
     async def newer_world(self, generation: int) -> tuple[str, ...] | None:
         """The member ids of the published world when it is newer than ``generation``; None when it is not."""
@@ -184,24 +208,31 @@ class Coordinator:
 
     async def set_store(self, generation: int, host: str, port: int) -> None:
         """Rank 0 of a world tells where the world's TCPStore listens."""
-        async with self._changed:
-            self._stores[generation] = (host, port)
-            self._changed.notify_all()
+        self._stores[generation] = (host, port)
+        self._store_set.setdefault(generation, asyncio.Event()).set()
 
     async def get_store(self, generation: int, timeout_s: float) -> tuple[str, int] | None:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: generation in self._stores), timeout_s)
-            except TimeoutError:
-                return None
-            return self._stores[generation]
+        if generation not in self._stores:
+            event = self._store_set.setdefault(generation, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
+        return self._stores.get(generation)
 
     async def report_failure(self, worker_id: str, generation: int, reason: str) -> None:
         """A worker saw its group fail. A peer's death also reaches the driver through Ray; a failure without
         one (a formation that timed out, a collective that hung) reaches it only through this."""
-        async with self._changed:
-            self._failures.append((worker_id, generation, reason))
-            self._changed.notify_all()
+        self._failures.append((worker_id, generation, reason))
+        self._failed.set()
+
+    def _check_complete(self, generation: int) -> None:
+        """Once every member of the current world ``generation`` arrived, wake them all."""
+        world = self._world
+        if world is None or world.generation != generation or self._arrived_members < len(self._member_ids):
+            return
+        self._complete.add(generation)
+        event = self._settled.pop(generation, None)
+        if event is not None:
+            event.set()
 
     def _driver_silent(self) -> float:
         return time.monotonic() - self._driver_seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -77,6 +78,7 @@ def make_world(generation: int, workers: Sequence[Candidate], host_order: list[s
     return World(generation, tuple(members), tuple(held))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # every publish sorts every worker again; ids are parsed once
 def _natural(worker_id: str) -> tuple[str, int]:
     """Order ids by their number (``w2`` before ``w10``), in the order the driver started the workers."""
     stem = worker_id.rstrip("0123456789")

@@ -21,7 +21,7 @@ from elastrain.executor._private.elastic.coordinator import CoordinatorReport
 from elastrain.executor._private.elastic.driver import events as ev
 from elastrain.executor._private.elastic.driver.config import CoreConfig, ElasticStats
 from elastrain.executor._private.elastic.driver.finishing import Result, Results
-from elastrain.executor._private.elastic.driver.lifecycle import HOLDING, TERMINAL, JobPhase, move
+from elastrain.executor._private.elastic.driver.lifecycle import COUNTED, HOLDING, TERMINAL, JobPhase, move
 from elastrain.executor._private.elastic.driver.lifecycle import WorkerPhase as W
 from elastrain.executor._private.elastic.driver.policy import FailurePolicy
 from elastrain.executor._private.elastic.driver.roster import Roster, WorkerRecord
@@ -30,6 +30,8 @@ from elastrain.executor._private.elastic.world import World, make_world
 from elastrain.executor._private.errors import ElasticJobError, VersionMismatchError
 
 logger = logging.getLogger("elastrain.executor")
+# A published group's log line names this many members; a group of thousands would make each line megabytes.
+_LOGGED_MEMBERS = 64
 
 
 @dataclass
@@ -131,7 +133,7 @@ class DriverCore:
         broken = round_.lost or round_.failed or round_.evicted
         # A loss is published at once (survivors are waiting); workers that are still starting get a moment more,
         # so that several newcomers join in one reset rather than one reset each.
-        ready = round_.gained or bool(self.roster.in_phase(W.READY))
+        ready = round_.gained or bool(self.roster.count(W.READY))
         if broken or changed or (ready and not self.policy.starting_recently(self.roster, now)):
             self._publish(force=round_.failed, after_failure=broken)
 
@@ -142,6 +144,8 @@ class DriverCore:
     # -- workers ----------------------------------------------------------------------------------------------
 
     def spawn(self, host_id: str, now: float) -> WorkerRecord:
+        if host_id and host_id not in self.hosts.slots:
+            raise AssertionError(f"DEBUG spawn on {host_id} not in {dict(self.hosts.slots)}")
         worker = self.roster.add(host_id, W.STARTING if host_id else W.SPARE, now)
         self._actions.append(ev.Spawn(worker.worker_id, host_id))
         if host_id:
@@ -181,11 +185,17 @@ class DriverCore:
             return
         limit = self.config.max_workers or sum(self.hosts.slots.values())
         limit -= limit % self.config.size_multiple  # a worker beyond the last whole block would only sit idle
+        count = self.roster.count(*COUNTED)
+        if count >= limit:  # the usual round of a running job: nothing to start, nothing to count per host
+            if self.config.spare_worker:
+                self.spares.keep_one(count, now)
+            return
         per_host: dict[str, int] = {}
         for worker in self.roster.in_phase(*HOLDING):
             per_host[worker.host_id] = per_host.get(worker.host_id, 0) + 1  # a leaving worker holds its slot
-        count = len(self.roster.counted())
         for host_id, slots in self.hosts.slots.items():
+            if count >= limit:
+                break
             while count < limit and per_host.get(host_id, 0) < slots:
                 self.spawn(host_id, now)
                 per_host[host_id] = per_host.get(host_id, 0) + 1
@@ -233,6 +243,9 @@ class DriverCore:
         if isinstance(event, ev.Died) and died:
             self._fail(worker, event.reason, now, node_lost=event.node_lost)
             self._exited(worker, "CRASHED", event.reason)
+        elif isinstance(event, ev.Died) and event.node_lost and worker.host_id in self.hosts.slots:
+            # A worker already stopping died with its node: not a failure, but nothing may start there now.
+            self._drop_host(worker.host_id)
         if isinstance(event, ev.Finished):
             self.results.finished.append(
                 Result(event.generation, event.rank, event.value, worker.spawned_at, worker.worker_id)
@@ -391,11 +404,11 @@ class DriverCore:
         self.stats.worlds.append(self.world.size)
         self._reported = {m.worker_id for m in self.world.members}
         self._actions.append(ev.Publish(self.world, self.stats.resets))
-        logger.info(
-            "Published group %s: %s.",
-            generation,
-            ", ".join(f"{m.worker_id}@{m.slot.host_id}" for m in self.world.members),
-        )
+        if logger.isEnabledFor(logging.INFO):
+            members = self.world.members
+            listed = ", ".join(f"{m.worker_id}@{m.slot.host_id}" for m in members[:_LOGGED_MEMBERS])
+            more = f" and {len(members) - _LOGGED_MEMBERS} more" if len(members) > _LOGGED_MEMBERS else ""
+            logger.info("Published group %s: %s%s.", generation, listed, more)
 
     def _whole_multiples(self, running: list[WorkerRecord]) -> tuple[list[WorkerRecord], list[WorkerRecord]]:
         """The workers the next group takes, a whole multiple of ``size_multiple``, and those it leaves out.

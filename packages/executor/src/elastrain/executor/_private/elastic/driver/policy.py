@@ -7,7 +7,7 @@ import logging
 
 from elastrain.executor._private.elastic.coordinator import CoordinatorReport
 from elastrain.executor._private.elastic.driver.events import Hosts
-from elastrain.executor._private.elastic.driver.lifecycle import WorkerPhase
+from elastrain.executor._private.elastic.driver.lifecycle import COUNTED, WorkerPhase
 from elastrain.executor._private.elastic.driver.roster import Roster, WorkerRecord
 from elastrain.executor._private.errors import ElasticJobError
 
@@ -111,7 +111,7 @@ class FailurePolicy:
 
     def check_minimum(self, roster: Roster, hosts: Hosts, now: float) -> None:
         """Raise ElasticJobError after elastic_timeout below min_workers; say what the job waits for meanwhile."""
-        if len(roster.counted()) >= self.min_workers:
+        if roster.count(*COUNTED) >= self.min_workers:
             self._below_min_since = None
             return
         if self._below_min_since is None:
@@ -135,8 +135,8 @@ class FailurePolicy:
 
 
 def describe(roster: Roster, hosts: Hosts) -> str:
-    running = len(roster.in_phase(WorkerPhase.READY, WorkerPhase.MEMBER))
-    starting = len(roster.in_phase(WorkerPhase.STARTING))
+    running = roster.count(WorkerPhase.READY, WorkerPhase.MEMBER)
+    starting = roster.count(WorkerPhase.STARTING)
     return (
         f"{running} running, {starting} starting; hosts and slots: {dict(hosts.slots)}; "
         f"blacklisted: {sorted(hosts.blacklisted)}"

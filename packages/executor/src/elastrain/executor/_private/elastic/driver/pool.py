@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from elastrain.executor._private.node import NodeInfo
 from elastrain.executor._private.options import ExecutorOptions
-from elastrain.executor._private.placement import pin_to_host
+from elastrain.executor._private.placement import node_alive, pin_to_host
 
 logger = logging.getLogger("elastrain.executor")
 
@@ -104,6 +104,16 @@ class WorkerPool:
             with contextlib.suppress(Exception):  # its node is gone: nothing left to kill there
                 _kill_on_node(worker.node.node_id, worker.node.pid)
         ray.kill(worker.actor, no_restart=True)
+
+    def kill(self, worker: WorkerHandle) -> None:
+        """Kill ``worker``'s actor at once, without the bookkeeping of :meth:`stop`."""
+        import ray
+
+        ray.kill(worker.actor, no_restart=True)
+
+    def node_alive(self, node_id: str) -> bool:
+        """Whether Ray counts node ``node_id``, where a worker ran, as alive."""
+        return node_alive(node_id)
 
     def ready_to_kill_on(self, node: NodeInfo) -> None:
         """Run the process killer once on ``node`` (a no-op), so that a Ray worker process for it idles there.

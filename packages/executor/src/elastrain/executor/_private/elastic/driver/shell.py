@@ -28,7 +28,6 @@ from elastrain.executor._private.errors import (
 )
 from elastrain.executor._private.observers import RunWatch, exception_line, worker_record
 from elastrain.executor._private.options import ExecutorOptions
-from elastrain.executor._private.placement import node_alive
 from elastrain.executor._private.versions import mismatch, running_versions
 
 logger = logging.getLogger("elastrain.executor")
@@ -66,7 +65,9 @@ class ElasticDriver:
         spare_worker: bool = False,
         watch: RunWatch | None = None,
         bundles: BundleDiscovery | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
+        """``pool``: where the workers run; by default one Ray actor each, of ``worker_class``."""
         self.options = options
         self.manager = manager
         self.coordinator = coordinator
@@ -86,7 +87,7 @@ class ElasticDriver:
             strict=strict_from_environment(),
         )
         self.stats: ElasticStats = self.core.stats
-        self.pool = WorkerPool(options, worker_class, bundles)
+        self.pool = pool or WorkerPool(options, worker_class, bundles)
         self.watch = watch or RunWatch([])
         self._records: dict[str, dict[str, Any]] = {}  # what observers know of the current world's members
         self._next_coordinator_poll = 0.0
@@ -245,8 +246,8 @@ class ElasticDriver:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as error:
             if not worker_actor_died(error):  # its task failed on another actor's death (say, the rendezvous)
-                ray.kill(worker.actor, no_restart=True)
-            node_lost = worker.node is not None and not node_alive(worker.node.node_id)
+                self.pool.kill(worker)
+            node_lost = worker.node is not None and not self.pool.node_alive(worker.node.node_id)
             return ev.Died(worker.worker_id, first_line(error), node_lost)
         except (ray.exceptions.RayTaskError, *unserializable_types()) as error:
             node_id = worker.node.node_id if worker.node else None
@@ -288,7 +289,7 @@ class ElasticDriver:
         elif isinstance(action, ev.WorkerFailed):
             worker = self.pool.get(action.worker_id)
             node = worker.node if worker is not None else None
-            if action.check_node and node is not None and not node_alive(node.node_id):
+            if action.check_node and node is not None and not self.pool.node_alive(node.node_id):
                 self.manager.blacklist(action.host_id)
         elif isinstance(action, ev.Blacklist):
             self.manager.blacklist(action.host_id)

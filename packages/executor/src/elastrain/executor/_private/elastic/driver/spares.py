@@ -31,7 +31,7 @@ class Spares:
         if any(w.node_id is None for w in core.roster.in_phase(W.STARTING)):
             # A spare asked for now could take the CPUs that a worker still starting on a known host needs.
             return
-        if not core.roster.in_phase(W.SPARE):
+        if not core.roster.count(W.SPARE):
             core.spawn("", now)
 
     def adopt(self, worker: WorkerRecord, host_id: str, now: float) -> bool:

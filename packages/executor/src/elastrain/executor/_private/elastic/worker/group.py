@@ -80,6 +80,10 @@ def is_collective_failure(error: BaseException) -> bool:
 class Runtime:
     """The elastic machinery of one worker process: its world, its process group and its heartbeat."""
 
+    # What forms each world's process group; the scale harness (benchmarks/scale) puts a stand-in here to run
+    # many simulated workers through this same protocol in one process.
+    process_group_class: Callable[[int, int, int], ProcessGroup] = ProcessGroup
+
     def __init__(self, coordinator: Any, worker_id: str, options: ElasticOptions) -> None:
         self.coordinator = coordinator
         self.worker_id = worker_id
@@ -175,7 +179,7 @@ class Runtime:
             raise TimeoutError(f"Group {generation} was replaced before every member arrived.")
         self.high_water = max(self.high_water, arrived.high_water)
         fault_point("pg_init")
-        self._group = ProcessGroup(generation, member.slot.rank, world.size)
+        self._group = self.process_group_class(generation, member.slot.rank, world.size)
         master = self._group.form(
             self.coordinator,
             self.options.backend or _default_backend(),

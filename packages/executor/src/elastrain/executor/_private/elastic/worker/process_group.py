@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import sys
 import time
 from typing import Any
 
@@ -119,6 +120,8 @@ class ProcessGroup:
 
 def close_default_group() -> None:
     """Abort (NCCL) and destroy the default group, if any, never raising."""
+    if "torch.distributed" not in sys.modules:
+        return  # no group can exist; importing torch only to learn that costs seconds
     import torch.distributed as dist
 
     if not dist.is_initialized():
