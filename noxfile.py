@@ -677,6 +677,17 @@ def matrix_report(session: nox.Session) -> None:
 @nox.parametrize("name", BENCHMARKS, ids=BENCHMARKS)
 def bench(session: nox.Session, name: str) -> None:
     """One benchmark; `nox -s bench` runs them all. Results go to benchmarks/results/."""
+    run_benchmark(session, name)
+
+
+@nox.session(python=PYTHON)
+def scale(session: nox.Session) -> None:
+    """The scale harness (benchmarks/scale, the same as `bench(scale)`): the real driver and actors with 8 to 1,024
+    simulated workers, and the driver's pure core at 10,000; its curves go into the benchmark report."""
+    run_benchmark(session, "scale")
+
+
+def run_benchmark(session: nox.Session, name: str) -> None:
     project = tomllib.loads((ROOT / "benchmarks" / name / "requirements.toml").read_text())
     install_packages(session, *project["packages"], requirements=tuple(project.get("requirements", ())))
     if project.get("optional_horovod") and "--no-horovod" not in session.posargs:

@@ -14,7 +14,9 @@ at 1,024 in steady state; the core's memory linear; the core's step ≤ 100 ms o
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+from pathlib import Path
 from typing import Any
 
 from core_scale import core_costs, core_memory_bytes
@@ -48,6 +50,9 @@ def main() -> None:
         core[n] = {case: statistics.median(run[case] for run in runs) for case in runs[0]}
     memory = {n: core_memory_bytes(n) for n in core_sizes}
 
+    # The simulated workers' processes import simulated.py from here.
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     jobs: dict[int, dict[str, Any]] = {}
     try:

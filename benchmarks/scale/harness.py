@@ -22,7 +22,12 @@ from typing import Any
 from simulated import DIED, SimHandle, sim_host_class, spread
 
 from elastrain.discovery import HostDiscovery, HostManager
-from elastrain.executor._private.elastic.coordinator import Coordinator, CoordinatorReport, WaitResult
+from elastrain.executor._private.elastic.coordinator import (
+    MAX_CONCURRENT_CALLS,
+    Coordinator,
+    CoordinatorReport,
+    WaitResult,
+)
 from elastrain.executor._private.elastic.driver import events as ev
 from elastrain.executor._private.elastic.driver.pool import WorkerHandle, WorkerPool
 from elastrain.executor._private.elastic.driver.shell import ElasticDriver
@@ -33,8 +38,12 @@ from elastrain.executor._private.options import ExecutorOptions
 from elastrain.executor._private.placement import control_actor_options
 
 SLOTS_PER_HOST = 4
-WORKERS_PER_PROCESS = 128
+WORKERS_PER_PROCESS = 64
 SEND_HZ = 10.0
+# Every simulated worker and the control plane share this machine's cores; a worker starved of CPU for a few
+# seconds is no frozen worker, so the harness gives silence longer than the default 8 s. Beats still come every
+# second (their interval is capped at 1 s).
+LIVENESS_S = 30.0
 
 
 class SimDiscovery(HostDiscovery):
@@ -81,6 +90,14 @@ class CountingCoordinator(Coordinator):
     async def newer_world(self, generation: int) -> tuple[str, ...] | None:
         self.calls["newer_world"] += 1
         return await super().newer_world(generation)
+
+    async def watch(self, after_generation: int, timeout_s: float) -> int | None:
+        self.calls["watch"] += 1
+        return await super().watch(after_generation, timeout_s)
+
+    async def set_store(self, generation: int, host: str, port: int) -> None:
+        self.calls["set_store"] += 1
+        await super().set_store(generation, host, port)
 
     async def poll(self, liveness_timeout_s: float) -> CoordinatorReport:
         self.calls["poll"] += 1
@@ -199,7 +216,11 @@ class Job:
         self.processes = [sim_host_class().remote(step_s, start_s) for _ in range(processes)]
         ray.get([p.usage.remote() for p in self.processes], timeout=120)
         self.manager = HostManager(self.discovery, poll_interval_s=1.0).start()
-        self.coordinator = ray.remote(CountingCoordinator).options(**control_actor_options()).remote()
+        self.coordinator = (
+            ray.remote(CountingCoordinator)
+            .options(max_concurrency=MAX_CONCURRENT_CALLS, **control_actor_options())
+            .remote()
+        )
         self.sink = ray.remote(MessageSink).options(**control_actor_options()).remote()
         ray.get([self.coordinator.usage.remote()], timeout=60)
         options = ExecutorOptions(
@@ -215,7 +236,9 @@ class Job:
             coordinator=self.coordinator,
             sink=self.sink,
             worker_class=None,
-            elastic_options=ElasticOptions(formation_timeout_s=120.0, collective_timeout_s=120.0, backend="gloo"),
+            elastic_options=ElasticOptions(
+                formation_timeout_s=120.0, collective_timeout_s=120.0, backend="gloo", liveness_timeout_s=LIVENESS_S
+            ),
             startup_grace_s=120.0,
             pool=self.pool,
         )
@@ -243,9 +266,10 @@ class Job:
         if self.error is not None:
             raise RuntimeError(f"the simulated job failed: {self.error}") from self.error
 
-    def first_steps(self) -> dict[tuple[str, int], tuple[int, int, float]]:
+    def first_steps(self, since_generation: int = 0) -> dict[tuple[str, int], tuple[int, int, float]]:
         merged: dict[tuple[str, int], tuple[int, int, float]] = {}
-        for found in self.ray.get([p.first_steps.remote() for p in self.processes], timeout=60):
+        calls = [p.first_steps.remote(since_generation) for p in self.processes]
+        for found in self.ray.get(calls, timeout=60):
             merged.update(found)
         return merged
 
@@ -255,7 +279,7 @@ class Job:
     def all_stepped(self, world: World) -> float | None:
         """When the last member of ``world`` took its first step in it; None while some have not."""
         self.check()
-        steps = self.first_steps()
+        steps = self.first_steps(world.generation)
         times = [steps.get((m.worker_id, world.generation)) for m in world.members]
         return None if any(t is None for t in times) else max(t[2] for t in times if t is not None)
 
@@ -263,7 +287,7 @@ class Job:
         """When the last of ``worker_ids`` took its first step in a group newer than ``generation``."""
         self.check()
         first: dict[str, float] = {}
-        for (worker_id, stepped_in), (_, _, at) in self.first_steps().items():
+        for (worker_id, stepped_in), (_, _, at) in self.first_steps(generation + 1).items():
             if stepped_in > generation:
                 first[worker_id] = min(at, first.get(worker_id, at))
         return max(first[w] for w in worker_ids) if all(w in first for w in worker_ids) else None
@@ -292,7 +316,12 @@ class Job:
         self._thread.join(timeout_s)
         self.check()
         if self._thread.is_alive():
-            raise TimeoutError("the simulated job did not finish")
+            core = self.driver.core
+            phases = Counter(w.phase.value for w in core.roster)
+            raise TimeoutError(
+                f"the simulated job did not finish: {core.phase.value}, workers {dict(phases)}, "
+                f"{len(core.results.finished)} finished, group {core.world.generation if core.world else None}"
+            )
 
     def close(self) -> None:
         self.manager.stop()

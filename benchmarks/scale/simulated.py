@@ -142,9 +142,9 @@ class SimHost:
             self._finish = True
             self._woken.notify_all()
 
-    def first_steps(self) -> dict[tuple[str, int], tuple[int, int, float]]:
+    def first_steps(self, since_generation: int = 0) -> dict[tuple[str, int], tuple[int, int, float]]:
         with self._lock:
-            return dict(self._first_steps)
+            return {key: value for key, value in self._first_steps.items() if key[1] >= since_generation}
 
     def usage(self) -> dict[str, float]:
         return {
@@ -190,7 +190,7 @@ class SimHost:
             runtime.hold(commits)
             if self._finish:
                 return (generation, member.slot.rank, commits)
-            if runtime.update_published():  # a commit's check for a newer group (hosts added or removed)
+            if runtime.published_update():  # a commit's check for a newer group (hosts added or removed)
                 rejoin = True
 
     def _step(self, worker_id: str, generation: int) -> None:

@@ -3,8 +3,10 @@
 Same run, one local Ray:
 - registrations and metric updates per second into the actor from 8 concurrent drivers (Ray tasks, each
   sending its updates and waiting for all of them);
-- latency of listing a page of 50 runs (newest first) at 100, 1,000 and 10,000 stored runs, and of a filtered
-  page at 10,000 — target: 10,000 within 2× of 100;
+- latency of listing a page of 50 runs (newest first) at 100, 1,000, 10,000 and 100,000 stored runs, and of a
+  filtered page at 10,000 — targets: 10,000 and 100,000 within 2× of 100 (#28: 100,000 runs);
+- latency of one metric update (an upsert into a stored run's history) at 100 and 100,000 stored runs — target:
+  within 2× of 100;
 - the cost of one snapshot of 10,000 runs, and the actor's memory per stored run.
 """
 
@@ -83,9 +85,10 @@ def main() -> None:
 
         # The latency ladder: one fresh actor of the same class per size, requests interleaved across them so
         # that the machine's noise falls on every size alike. Snapshots on, written only when asked.
-        sizes = (100, 1_000, 10_000)
+        sizes = (100, 1_000, 10_000) if args.quick else (100, 1_000, 10_000, 100_000)
+        largest = sizes[-1]
         actors = {
-            size: ray.remote(StateActor).options(num_cpus=0).remote(20_000, f"{scratch}/{size}", 3600.0)
+            size: ray.remote(StateActor).options(num_cpus=0).remote(2 * largest, f"{scratch}/{size}", 3600.0)
             for size in sizes
         }
         pids = {size: ray.get(actor.info.remote(), timeout=60)["pid"] for size, actor in actors.items()}
@@ -95,15 +98,21 @@ def main() -> None:
                     [actor.register_run.remote(run_doc(i)) for i in range(start, min(size, start + 1_000))], timeout=600
                 )
         samples: dict[str, list[float]] = {str(size): [] for size in sizes} | {"filtered": []}
-        for _ in range(rounds):
+        upserts: dict[str, list[float]] = {str(size): [] for size in (sizes[0], largest)}
+        for step in range(rounds):
             for size, actor in actors.items():
                 started = time.perf_counter()
                 ray.get(actor.list_runs.remote(limit=50))
                 samples[str(size)].append(time.perf_counter() - started)
+                if str(size) in upserts:  # a run in the middle of the store reports its next point
+                    started = time.perf_counter()
+                    ray.get(actor.update_metrics.remote(f"{size // 2:032x}", step, {"loss": 1.0 / (step + 1)}))
+                    upserts[str(size)].append(time.perf_counter() - started)
             started = time.perf_counter()
             ray.get(actors[10_000].list_runs.remote(status="FINISHED", job_id=f"{7:08x}", limit=50))
             samples["filtered"].append(time.perf_counter() - started)
         latency = {name: _p50_p99(values) for name, values in samples.items()}
+        upsert = {name: _p50_p99(values) for name, values in upserts.items()}
         rss = {size: rss_bytes(pid) for size, pid in pids.items()}
         started = time.perf_counter()
         ray.get(actors[10_000].flush.remote(), timeout=600)
@@ -116,6 +125,12 @@ def main() -> None:
         Row("page of 50 (median)", "10,000 stored runs", latency["10000"][0], "at 100 stored", latency["100"][0], 2.0),
         Row("page of 50 (p99)", "10,000 stored runs", latency["10000"][1], "at 100 stored", latency["100"][1], 2.0),
         Row("page of 50 (median)", "1,000 stored runs", latency["1000"][0], "at 100 stored", latency["100"][0], None),
+        Row("page of 50 (median)", f"{largest:,} stored runs", latency[str(largest)][0], "at 100 stored",
+            latency["100"][0], 2.0),
+        Row("one metric update (median)", f"{largest:,} stored runs", upsert[str(largest)][0], "at 100 stored",
+            upsert["100"][0], 2.0),
+        Row("one metric update (p99)", f"{largest:,} stored runs", upsert[str(largest)][1], "at 100 stored",
+            upsert["100"][1], 2.0),
         Row("filtered page (status + job, median)", "10,000 stored runs", latency["filtered"][0],
             "unfiltered at 10,000", latency["10000"][0], None),
     ]  # fmt: skip
@@ -125,9 +140,10 @@ def main() -> None:
         "registrations_per_s": round(throughput["register"]),
         "metric_updates_per_s": round(throughput["metrics"]),
         "snapshot_s_at_10000_runs": round(snapshot_s, 3),
-        "actor_bytes_per_run": round((rss[10_000] - rss[100]) / 9_900),
+        "actor_bytes_per_run": round((rss[largest] - rss[100]) / (largest - 100)),
         "workers_per_run": WORKERS_PER_RUN,
         "page_latency_s": {name: {"p50": round(v[0], 6), "p99": round(v[1], 6)} for name, v in latency.items()},
+        "update_latency_s": {name: {"p50": round(v[0], 6), "p99": round(v[1], 6)} for name, v in upsert.items()},
     }
     write_results("state", rows, args.output, notes=notes)
 

@@ -80,3 +80,27 @@ def test_run_events_reach_the_next_poll_once() -> None:
         assert (await coordinator.poll(8.0)).events == []
 
     asyncio.run(scenario())
+
+
+def test_a_watch_answers_at_the_next_publish_and_a_store_wait_gives_up_when_its_world_is_replaced() -> None:
+    """Workers keep one watch pending instead of asking at every commit; members waiting for rank 0's store learn
+    at once that their world was replaced (rank 0 may be the one that died)."""
+
+    async def scenario() -> None:
+        coordinator = Coordinator()
+        await coordinator.publish(world_of(1, "w1", "w2"))
+        assert await coordinator.watch(0, 1.0) == 1, "a world newer than the caller's is there already"
+        watch = asyncio.ensure_future(coordinator.watch(1, 30.0))
+        store = asyncio.ensure_future(coordinator.get_store(1, 30.0))
+        await asyncio.sleep(0.05)
+        assert not watch.done()
+        assert not store.done()
+        await coordinator.publish(world_of(2, "w2"))
+        assert await asyncio.wait_for(watch, 5.0) == 2
+        assert await asyncio.wait_for(store, 5.0) is None
+        assert await coordinator.get_store(1, 30.0) is None, "an old world's store is never waited for"
+        assert await coordinator.watch(2, 0.05) is None, "nothing newer: the watch times out"
+        await coordinator.set_store(2, "10.0.0.2", 1234)
+        assert await coordinator.get_store(2, 0.05) == ("10.0.0.2", 1234)
+
+    asyncio.run(scenario())

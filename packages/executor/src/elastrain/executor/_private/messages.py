@@ -25,6 +25,9 @@ Dropped = dict[tuple[int, str], tuple[int, int]]
 # What one pull returns: the buffered messages, and what was dropped.
 Batch = tuple[list[Envelope], Dropped]
 
+# A worker hands the sink at most this many messages in one call, and gives up on an acknowledgement after this long.
+_BATCH_MAX = 1_000
+_ACK_TIMEOUT_S = 30.0
 # The sink holds at most this many messages, and this many bytes of them (pickled), until the driver pulls.
 MAX_MESSAGES = 10_000
 MAX_BYTES = 64 * 1024 * 1024
@@ -56,6 +59,14 @@ class MessageSink:
         self._arrived = asyncio.Event()
 
     async def put(self, envelope: Envelope) -> None:
+        self._add(envelope)
+
+    async def put_many(self, envelopes: list[Envelope]) -> None:
+        """Several messages in one call (a worker's :class:`MessageSender` batches what piled up)."""
+        for envelope in envelopes:
+            self._add(envelope)
+
+    def _add(self, envelope: Envelope) -> None:
         size = _size(envelope[3])
         if size > self._max_bytes:
             self._drop(envelope)
@@ -87,6 +98,57 @@ class MessageSink:
         last, count = self._dropped.get(key, (-1, 0))
         self._dropped[key] = (max(last, seq), count + 1)
         self._arrived.set()  # the driver learns of the gap without waiting for the next message
+
+
+class MessageSender:
+    """A worker's side of ``send()``: hands its messages to the sink with one call in flight at a time.
+
+    ``send`` only appends to a buffer, so training never waits on the sink. A thread sends what is buffered in one
+    ``put_many`` call and, once the sink acknowledged it, whatever came meanwhile. At a few messages a second each
+    goes alone, a round trip behind; when several come at once, or the sink is slow (a thousand workers sending
+    into one sink), they share a call, so the sink's calls grow with its own pace rather than with the messages.
+    """
+
+    def __init__(self) -> None:
+        self._buffer: list[tuple[Any, Envelope]] = []  # (sink, envelope), in the order sent
+        self._in_flight = False
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def send(self, sink: Any, envelope: Envelope) -> None:
+        with self._changed:
+            self._buffer.append((sink, envelope))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="elastrain-send", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the sink acknowledged every message sent so far; whether it did within ``timeout_s``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._buffer and not self._in_flight, timeout_s)
+
+    def _run(self) -> None:
+        import ray
+
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._buffer))
+                sink = self._buffer[0][0]
+                count = 0
+                while count < len(self._buffer) and count < _BATCH_MAX and self._buffer[count][0] is sink:
+                    count += 1
+                batch = [envelope for _, envelope in self._buffer[:count]]
+                del self._buffer[:count]
+                self._in_flight = True
+            try:
+                ray.get(sink.put_many.remote(batch), timeout=_ACK_TIMEOUT_S)
+            except Exception as error:  # the sink is gone with its executor, or stuck: these messages are lost
+                logger.debug("Could not hand %d messages to the message sink: %s", len(batch), error)
+            finally:
+                with self._changed:
+                    self._in_flight = False
+                    self._changed.notify_all()
 
 
 def _size(message: dict[str, Any]) -> int:

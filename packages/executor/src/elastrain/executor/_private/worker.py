@@ -11,14 +11,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from elastrain.executor._private.context import WorkerContext, _WorkerState
+from elastrain.executor._private.messages import MessageSender
 from elastrain.executor._private.node import NodeInfo
 from elastrain.executor._private.versions import running_versions
 
 # Before a call returns, the worker waits (this long at most) until the sink has every message it sent, so the
 # driver's callbacks see them all before the call's result.
 _FLUSH_TIMEOUT_S = 10.0
-# Acknowledged sends are dropped from the outstanding list once it reaches this length.
-_PRUNE_AT = 64
 
 
 class Worker:
@@ -27,7 +26,7 @@ class Worker:
     def __init__(self) -> None:
         self._executable: Any = None
         self._sink: Any = None
-        self._outstanding: list[Any] = []  # sends the sink has not acknowledged yet
+        self._sender = MessageSender()
         self._call_id = 0  # > 0 while a call whose callbacks want messages runs; 0 drops send()s
         self._sender_id = ""  # elastic workers change rank, so their messages are ordered by worker id
         self._sequence = 0
@@ -146,20 +145,12 @@ class Worker:
         context = _WorkerState.context
         if self._call_id == 0 or context is None:
             return
-        import ray
-
         envelope = (self._call_id, self._sender_id or str(context.rank), self._sequence, message)
         self._sequence += 1
-        self._outstanding.append(self._sink.put.remote(envelope))
-        if len(self._outstanding) >= _PRUNE_AT:
-            _, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
+        self._sender.send(self._sink, envelope)
 
     def _flush_messages(self) -> None:
-        outstanding, self._outstanding = self._outstanding, []
-        if outstanding:
-            import ray
-
-            ray.wait(outstanding, num_returns=len(outstanding), timeout=_FLUSH_TIMEOUT_S)
+        self._sender.flush(_FLUSH_TIMEOUT_S)
 
 
 def _import_long_lived(modules: tuple[str, ...], head_starts: tuple[str, ...]) -> None:

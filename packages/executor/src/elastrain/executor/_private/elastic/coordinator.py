@@ -20,6 +20,17 @@ from elastrain.executor._private.elastic.world import World
 
 # A quick call on the rendezvous actor (driver or worker side) that takes longer than this means it is gone or stuck.
 CONTROL_TIMEOUT_S = 30.0
+# Calls the rendezvous actor runs at once. Each worker keeps up to two waiting there (its watch for new groups, and
+# a join, an arrival or a store wait); Ray's default for an async actor, 1,000, queued every other call behind
+# them from about 400 workers on, for as long as a wait lasts (up to 30 s). A waiting call costs one coroutine.
+MAX_CONCURRENT_CALLS = 100_000
+
+
+def rendezvous_actor(options: dict[str, object]) -> object:
+    """A new rendezvous actor for one call, with Ray ``options`` (placement)."""
+    import ray
+
+    return ray.remote(Coordinator).options(max_concurrency=MAX_CONCURRENT_CALLS, **options).remote()
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,7 @@ class Coordinator:
         for generation in [g for g in self._stores if g < world.generation]:
             del self._stores[generation]
         for generation in [g for g in self._store_set if g < world.generation]:
-            del self._store_set[generation]
+            self._store_set.pop(generation).set()  # replaced: its members waiting for the store give up now
         for generation in [g for g in self._arrived if g < world.generation]:
             del self._arrived[generation]
         for generation in [g for g in self._settled if g != world.generation]:
@@ -199,6 +210,19 @@ class Coordinator:
             return WaitResult(False, self._driver_silent(), self._high_water)
         return WaitResult(None, self._driver_silent(), self._high_water)
 
+    async def watch(self, after_generation: int, timeout_s: float) -> int | None:
+        """Long-poll: the published generation, as soon as it is newer than ``after_generation``; None after
+        ``timeout_s`` without one. Each worker keeps one such call pending (``worker/world_watch.py``), so that it
+        learns of a new world at once and no longer asks at every commit."""
+        deadline = time.monotonic() + timeout_s
+        while self._world is None or self._world.generation <= after_generation:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._published.wait(), remaining)
+        return self._world.generation
+
     async def newer_world(self, generation: int) -> tuple[str, ...] | None:
         """The member ids of the published world when it is newer than ``generation``; None when it is not."""
         world = self._world
@@ -212,7 +236,9 @@ class Coordinator:
         self._store_set.setdefault(generation, asyncio.Event()).set()
 
     async def get_store(self, generation: int, timeout_s: float) -> tuple[str, int] | None:
-        if generation not in self._stores:
+        """Where world ``generation``'s store listens, once its rank 0 said; None after ``timeout_s``, or as soon as
+        a newer world replaced it (its rank 0 may be gone)."""
+        if generation not in self._stores and not self._replaced(generation):
             event = self._store_set.setdefault(generation, asyncio.Event())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout_s)
@@ -223,6 +249,9 @@ class Coordinator:
         one (a formation that timed out, a collective that hung) reaches it only through this."""
         self._failures.append((worker_id, generation, reason))
         self._failed.set()
+
+    def _replaced(self, generation: int) -> bool:
+        return self._world is not None and self._world.generation > generation
 
     def _check_complete(self, generation: int) -> None:
         """Once every member of the current world ``generation`` arrived, wake them all."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from elastrain.discovery import HostDiscovery, HostManager, PlacementGroupHostDiscovery, RayHostDiscovery
-from elastrain.executor._private.elastic.coordinator import Coordinator
+from elastrain.executor._private.elastic.coordinator import rendezvous_actor
 from elastrain.executor._private.elastic.driver.shell import CONTROL_GROUP, ElasticDriver, ElasticStats
 from elastrain.executor._private.elastic.options import ElasticOptions
 from elastrain.executor._private.errors import PlacementError
@@ -87,7 +87,7 @@ class ElasticSession:
             poll_interval_s=settings.discovery_interval_s,
             cooldown_range=options.cooldown_range,
         ).start()
-        self.coordinator: Any = ray.remote(Coordinator).options(**control_actor_options()).remote()
+        self.coordinator: Any = rendezvous_actor(control_actor_options())
         self.sink: Any = ray.remote(MessageSink).options(**control_actor_options()).remote()
         # start(extra_env_vars=...) reaches every worker, replacements and spares included, as class defaults.
         # A "control" thread answers the driver's roll call while the job's function runs in the default one.
@@ -156,7 +156,7 @@ class ElasticSession:
                 # A fresh rendezvous actor per call, whatever happens: worlds of one call never leak into the next.
                 ray.kill(self.coordinator, no_restart=True)
                 if not self._shut_down:
-                    self.coordinator = ray.remote(Coordinator).options(**control_actor_options()).remote()
+                    self.coordinator = rendezvous_actor(control_actor_options())
 
     def shutdown(self) -> None:
         import ray

@@ -23,6 +23,7 @@ from elastrain.executor._private.elastic.worker.faults import fault_point
 from elastrain.executor._private.elastic.worker.heartbeat import Heartbeat
 from elastrain.executor._private.elastic.worker.process_group import ProcessGroup, close_default_group
 from elastrain.executor._private.elastic.worker.reset import ResetPlan, gather_counts, plan_reset
+from elastrain.executor._private.elastic.worker.world_watch import WorldWatch
 from elastrain.executor._private.elastic.world import Member, World
 from elastrain.executor._private.errors import first_line
 from elastrain.executor._private.raylet_watch import watch_raylet
@@ -92,6 +93,7 @@ class Runtime:
         self.member: Member | None = None
         self._group: ProcessGroup | None = None
         self._heartbeat: Heartbeat | None = None
+        self._watch: WorldWatch | None = None
         self.resets = 0
         self.role = "newcomer"  # what the fault points see (faults.py); set by the state at each reset
         self.commits = 0  # commits this worker's state holds, told to the rendezvous actor (arrival, heartbeat)
@@ -106,6 +108,7 @@ class Runtime:
         self._heartbeat = Heartbeat(
             self.coordinator, self.worker_id, self.options.liveness_timeout_s, lambda: self.commits
         ).start()
+        self._watch = WorldWatch(self.coordinator, lambda: self.generation).start()
         watch_raylet()
         return self
 
@@ -230,23 +233,31 @@ class Runtime:
     def close(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        if self._watch is not None:
+            self._watch.stop()
         self._leave_group()
 
     def pending_update(self) -> int:
         """What every worker agrees is waiting (one small collective): 0 nothing, 1 a world that only lost
         members, 2 a world with newcomers (Horovod's removed/added flags; a mix counts as added)."""
-        import ray
         import torch
         import torch.distributed as dist
 
-        members = ray.get(self.coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S)
-        mine = 0
-        if members is not None:
-            current = {m.worker_id for m in self.world.members} if self.world else set()
-            mine = 1 if set(members) <= current else 2
-        flag = torch.tensor([mine], dtype=torch.int32, device=collective_device())
+        flag = torch.tensor([self.published_update()], dtype=torch.int32, device=collective_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
+
+    def published_update(self) -> int:
+        """What this worker alone sees waiting: 0, 1 or 2 as :meth:`pending_update` agrees on them."""
+        import ray
+
+        if self._watch is not None and not self._watch.newer_than(self.generation):
+            return 0  # most commits: nothing new, and no call
+        members = ray.get(self.coordinator.newer_world.remote(self.generation), timeout=CONTROL_TIMEOUT_S)
+        if members is None:
+            return 0
+        current = {m.worker_id for m in self.world.members} if self.world else set()
+        return 1 if set(members) <= current else 2
 
     def update_published(self) -> bool:
         """Whether the driver has published a world newer than this worker's."""

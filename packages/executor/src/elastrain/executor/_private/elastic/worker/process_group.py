@@ -23,8 +23,11 @@ from typing import Any
 from elastrain.executor._private.elastic.coordinator import CONTROL_TIMEOUT_S
 from elastrain.executor._private.errors import first_line
 
-# How often a forming member asks the rendezvous actor whether its world was replaced.
+# How often a forming member asks the rendezvous actor whether its world was replaced, while it meets the others
+# on the store.
 _REPLACED_POLL_S = 0.1
+# One wait for rank 0's store address; the rendezvous actor answers at once when the world is replaced.
+_STORE_WAIT_S = 5.0
 _MEMBERS_KEY = "elastrain/members"
 
 
@@ -73,10 +76,8 @@ class ProcessGroup:
 
         deadline = time.monotonic() + formation_timeout_s
         while True:
-            found = ray.get(
-                coordinator.get_store.remote(self.generation, _REPLACED_POLL_S),
-                timeout=_REPLACED_POLL_S + CONTROL_TIMEOUT_S,
-            )
+            wait_s = max(min(_STORE_WAIT_S, deadline - time.monotonic()), 0.0)
+            found = ray.get(coordinator.get_store.remote(self.generation, wait_s), timeout=wait_s + CONTROL_TIMEOUT_S)
             if found is not None:
                 return (found[0], int(found[1]))
             if time.monotonic() >= deadline:
