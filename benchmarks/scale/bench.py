@@ -4,7 +4,9 @@ Same run, one local Ray on this machine:
 - the scale harness (``harness.py``): the real driver, rendezvous and message actors with N simulated workers
   (``simulated.py``, 128 to a process) on N / 4 simulated hosts, through start, steady state, one failure and its
   replacement, 10 hosts added, and ``send()`` at 10 messages a second per worker; N = 8, 64, 256, 1,024;
-- the driver's pure core (``core_scale.py``) at N = 8 ... 10,000, in-process: CPU per ``step`` and memory.
+- the driver's pure core (``core_scale.py``) at N = 8 ... 10,000, in-process: CPU per ``step`` and memory;
+- the sync's transfer (``broadcast.py``): a 100M-parameter state with Adam broadcast over 2, 4 and 8 real CPU
+  processes (gloo), the constants of docs/scale.md's model.
 
 Every curve is printed against N and drawn log-log in the report. Targets (#28): one failure → new group
 published ≤ 1 s at 1,024; every control-plane curve ≤ 5× from 256 to 1,024; the rendezvous actor under one core
@@ -19,6 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from broadcast import broadcast_seconds
 from core_scale import core_costs, core_memory_bytes
 from harness import SEND_HZ, run_job
 
@@ -53,6 +56,9 @@ def main() -> None:
     # The simulated workers' processes import simulated.py from here.
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    # The sync's transfer, with nothing else running: 8 processes of 1.2 GB each.
+    broadcast = {n: broadcast_seconds(n) for n in ((2, 4) if args.quick else (2, 4, 8))}
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     jobs: dict[int, dict[str, Any]] = {}
     failed: dict[str, str] = {}
@@ -103,6 +109,7 @@ def main() -> None:
         "harness_sizes_not_completed": failed,
         "core_cpu_s": {str(n): {case: round(v, 6) for case, v in costs.items()} for n, costs in core.items()},
         "core_memory_bytes_per_worker": {str(n): round(memory[n] / n) for n in core_sizes},
+        "broadcast_100m_adam_gloo_s": {str(n): round(t, 3) for n, t in broadcast.items()},
         "bounds": "2 cores run Ray, the driver, the rendezvous and message actors and every simulated worker "
         "process at once; a simulated worker costs its process a thread and its heartbeat's, and every call it "
         "makes is a real Ray call.",

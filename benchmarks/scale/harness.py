@@ -44,6 +44,18 @@ SEND_HZ = 10.0
 # seconds is no frozen worker, so the harness gives silence longer than the default 8 s. Beats still come every
 # second (their interval is capped at 1 s).
 LIVENESS_S = 30.0
+# Likewise for one quick call into the rendezvous actor: the product gives up after 30 s (the actor's node is
+# taken to be gone); here the actor shares two cores with every simulated worker, so the harness waits longer.
+CONTROL_TIMEOUT_S = 180.0
+
+
+def allow_slow_control_calls(timeout_s: float = CONTROL_TIMEOUT_S) -> None:
+    """Let quick calls into the rendezvous actor take ``timeout_s`` in this process (driver or host process)."""
+    from elastrain.executor._private.elastic.driver import shell
+    from elastrain.executor._private.elastic.worker import group, process_group, world_watch
+
+    for module in (shell, group, process_group, world_watch):
+        module.CONTROL_TIMEOUT_S = timeout_s  # type: ignore[attr-defined]
 
 
 class SimDiscovery(HostDiscovery):
@@ -207,6 +219,7 @@ class Job:
     def __init__(self, n: int, step_s: float, start_s: float) -> None:
         import ray
 
+        allow_slow_control_calls()
         self.n = n
         self.ray = ray
         hosts = n // SLOTS_PER_HOST

@@ -59,6 +59,9 @@ class SimHost:
     """Ray actor (threaded): many simulated workers in one process."""
 
     def __init__(self, step_s: float, start_s: float) -> None:
+        from harness import allow_slow_control_calls
+
+        allow_slow_control_calls()
         self.step_s, self.start_s = step_s, start_s
         self.send_hz = 0.0
         self._lock = threading.Lock()
