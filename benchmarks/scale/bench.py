@@ -36,6 +36,12 @@ CURVES = [
     ("replacement started → its first step in the group", "replacement_join_s"),
     ("10 hosts added → all 40 newcomers stepping", "ten_hosts_added_to_step_s"),
 ]
+# CPU the rendezvous actor spends on an event: what grows with N wherever the workers run (on this machine's 2
+# cores the wall-clock curves above also carry every simulated worker's own CPU).
+CPU_CURVES = [
+    ("rendezvous actor CPU: start → every worker in the first group", "start_coordinator_cpu_s"),
+    ("rendezvous actor CPU: one failure → every survivor's next step", "failure_coordinator_cpu_s"),
+]
 CORE_FAILURE = "one failure: death to new group"
 
 
@@ -85,6 +91,13 @@ def main() -> None:
     ]  # fmt: skip
     for name, key in CURVES:
         rows.append(Row(f"growth: {name}", f"{top:,} workers", jobs[top][key], f"at {mid:,}", jobs[mid][key], 5.0))
+    for name, key in CPU_CURVES:
+        rows.append(Row(f"growth: {name}", f"{top:,} workers", jobs[top][key], f"at {mid:,}", jobs[mid][key], 5.0))
+    rows.append(
+        Row("machine busy from one failure to every survivor's next step", f"{top:,} workers",
+            jobs[top]["failure_machine_busy"], "cores on this machine", float(os.cpu_count() or 1), None,
+            unit="cores")
+    )  # fmt: skip
     rows += [
         Row("growth: coordinator CPU, steady state", f"{top:,} workers", jobs[top]["steady"]["coordinator_cpu"],
             f"at {mid:,}", jobs[mid]["steady"]["coordinator_cpu"], 5.0, target_s=1.0, unit="cores"),
@@ -101,6 +114,7 @@ def main() -> None:
     ]  # fmt: skip
 
     curves = {name: {str(n): round(jobs[n][key], 4) for n in sizes} for name, key in CURVES}
+    curves.update({name: {str(n): round(jobs[n][key], 4) for n in sizes} for name, key in CPU_CURVES})
     curves["driver loop CPU per iteration"] = {str(n): round(jobs[n]["driver_iteration_cpu_s"], 6) for n in sizes}
     curves["pure core: one failure, CPU of the step"] = {str(n): round(core[n][CORE_FAILURE], 6) for n in core_sizes}
     notes = {

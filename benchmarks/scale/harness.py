@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from simulated import DIED, SimHandle, sim_host_class, spread
@@ -250,7 +251,11 @@ class Job:
             sink=self.sink,
             worker_class=None,
             elastic_options=ElasticOptions(
-                formation_timeout_s=120.0, collective_timeout_s=120.0, backend="gloo", liveness_timeout_s=LIVENESS_S
+                formation_timeout_s=120.0,
+                collective_timeout_s=120.0,
+                backend="gloo",
+                liveness_timeout_s=LIVENESS_S,
+                driver_lease_s=CONTROL_TIMEOUT_S,
             ),
             startup_grace_s=120.0,
             pool=self.pool,
@@ -344,6 +349,26 @@ class Job:
             self.ray.kill(actor, no_restart=True)
 
 
+def _cpu_since(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """The rendezvous actor's CPU seconds between two usages."""
+    return float(after["coordinator"]["cpu_s"] - before["coordinator"]["cpu_s"])
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds this machine's cores were busy since boot (/proc/stat; 0 where there is none)."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except OSError:
+        return 0.0
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _busy_since(before_s: float, wall_s: float) -> float:
+    """How many of this machine's cores were busy, on average, over the last ``wall_s``."""
+    return (_machine_busy_s() - before_s) / wall_s if wall_s > 0 else 0.0
+
+
 def _rate(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     wall = after["at"] - before["at"]
     calls_before, calls_after = before["coordinator"]["calls"], after["coordinator"]["calls"]
@@ -371,12 +396,17 @@ def run_job(
         "n": n, "hosts": n // SLOTS_PER_HOST, "processes": len(job.processes), "step_s": step_s, "start_s": start_s,
     }  # fmt: skip
     try:
+        machine_before, start_usage = _machine_busy_s(), job.usage()
         started = job.start()
         world, stepped = job.settled(n, timeout_s)
         found["start_to_first_group_s"] = stepped - started
         found["start_to_first_publish_s"] = job.driver.published[0][0] - started
+        found["start_coordinator_cpu_s"] = _cpu_since(start_usage, job.usage())
+        found["start_machine_busy"] = _busy_since(machine_before, stepped - started)
 
-        # Steady state: every worker beats, commits and asks for a newer group every step.
+        # Steady state: every worker beats, commits and checks for a newer group every step. From its second
+        # step on: a worker's first commit is told to the rendezvous actor at once, once.
+        time.sleep(step_s * 1.5)
         before = job.usage()
         loop_from = len(job.driver.iteration_cpu_s)
         time.sleep(window_s)
@@ -390,6 +420,7 @@ def run_job(
         # One failure: a member in the middle is killed; its peers' collective fails.
         victim = world.members[n // 2]
         spawned_before = set(job.pool.spawned_at)
+        machine_before, failure_usage = _machine_busy_s(), job.usage()
         killed_at = time.time()
         ray = job.ray
         process = job.pool.get(victim.worker_id).actor.process  # type: ignore[union-attr]
@@ -407,6 +438,8 @@ def run_job(
             lambda: job.stepped_after(survivors, world.generation), timeout_s, "every survivor's next step", 0.25
         )
         found["failure_to_survivors_step_s"] = survivors_stepped - killed_at
+        found["failure_coordinator_cpu_s"] = _cpu_since(failure_usage, job.usage())
+        found["failure_machine_busy"] = _busy_since(machine_before, survivors_stepped - killed_at)
 
         # Its replacement: started by the driver at once; it joins at the survivors' next commit.
         whole, whole_stepped = job.settled(n, timeout_s)

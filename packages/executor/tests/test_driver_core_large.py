@@ -11,7 +11,7 @@ from elastrain.executor._private.elastic.driver import events as ev
 from elastrain.executor._private.elastic.driver.config import CoreConfig
 from elastrain.executor._private.elastic.driver.core import DriverCore
 from elastrain.executor._private.elastic.driver.lifecycle import JobPhase, WorkerPhase
-from elastrain.executor._private.elastic.world import World
+from elastrain.executor._private.elastic.world import PackedWorld, World
 
 SLOTS = 4
 
@@ -108,7 +108,8 @@ def test_a_thousand_members_join_and_arrive_together() -> None:
 
         async def member(worker_id: str) -> tuple[int, bool]:
             joined = await coordinator.join(worker_id, 0, 30.0)
-            assert isinstance(joined.value, World)
+            assert isinstance(joined.value, PackedWorld)
+            assert joined.value.unpack() == world  # the same bytes for every member, unpickled once per process
             arrived = await coordinator.arrive(joined.value.generation, worker_id, 30.0)
             return joined.value.generation, bool(arrived.value)
 

@@ -264,3 +264,15 @@ def test_a_job_whose_commits_are_rarer_than_elastic_timeout_still_grows() -> Non
         results = executor.run(commit_every, args=[6.0, 3], callbacks=[grow_after_the_first_step])
     assert results == [3, 3]
     assert messages[-1]["size"] == 2
+
+
+def test_beats_spread_out_as_a_job_grows_but_never_past_a_quarter_of_the_timeout() -> None:
+    from elastrain.executor._private.elastic.worker.heartbeat import JOB_BEATS_PER_S, beat_interval
+
+    assert beat_interval(8.0) == 2.0  # the default timeout: a beat every 2 s
+    assert beat_interval(3.0, world_size=2) == 0.75  # a quarter of a short timeout
+    assert beat_interval(30.0, world_size=64) == 2.0  # small jobs: at most 2 s apart
+    # 1,024 workers with a 30 s timeout: the job's beats stay near the rendezvous actor's budget...
+    assert 1024 / beat_interval(30.0, world_size=1024) == pytest.approx(JOB_BEATS_PER_S)
+    # ... but silence is never misread: with the default 8 s timeout a beat still comes every 2 s.
+    assert beat_interval(8.0, world_size=1024) == 2.0

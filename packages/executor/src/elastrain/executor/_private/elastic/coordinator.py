@@ -16,7 +16,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from elastrain.executor._private.elastic.world import World
+from elastrain.executor._private.elastic.world import PackedWorld, World
 
 # A quick call on the rendezvous actor (driver or worker side) that takes longer than this means it is gone or stuck.
 CONTROL_TIMEOUT_S = 30.0
@@ -63,6 +63,7 @@ class Coordinator:
 
     def __init__(self) -> None:
         self._world: World | None = None
+        self._packed: PackedWorld | None = None
         self._member_ids: frozenset[str] = frozenset()  # the current world's members
         self._published_at = 0.0
         self._published = asyncio.Event()  # set (and replaced) at each publish: joiners wait on it
@@ -84,6 +85,7 @@ class Coordinator:
 
     async def publish(self, world: World) -> None:
         self._world = world
+        self._packed = PackedWorld.of(world)  # what every joining member gets: pickled once, not per answer
         self._member_ids = frozenset(m.worker_id for m in world.members)
         self._published_at = time.monotonic()
         self._driver_seen = self._published_at
@@ -151,7 +153,8 @@ class Coordinator:
         self._events.append((worker_id, kind, dict(fields)))
 
     async def join(self, worker_id: str, after_generation: int, timeout_s: float) -> WaitResult:
-        """The first world newer than ``after_generation`` that concerns the worker: its next group.
+        """The first world newer than ``after_generation`` that concerns the worker: its next group, as a
+        PackedWorld.
 
         A worker that was in an earlier world gets the next world even when it is not in it, so it learns it
         was dropped. A new worker waits for a world that includes it (the driver adds it once it is ready).
@@ -171,7 +174,7 @@ class Coordinator:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._published.wait(), remaining)
-        return WaitResult(self._world if ready() else None, self._driver_silent())
+        return WaitResult(self._packed if ready() else None, self._driver_silent())
 
     async def arrive(self, generation: int, worker_id: str, timeout_s: float, commits: int = 0) -> WaitResult:
         """Wait until every member of world ``generation`` arrived: ``value`` True. False when that world was

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ from elastrain.executor._private.elastic.worker.heartbeat import Heartbeat
 from elastrain.executor._private.elastic.worker.process_group import ProcessGroup, close_default_group
 from elastrain.executor._private.elastic.worker.reset import ResetPlan, gather_counts, plan_reset
 from elastrain.executor._private.elastic.worker.world_watch import WorldWatch
-from elastrain.executor._private.elastic.world import Member, World
+from elastrain.executor._private.elastic.world import Member, PackedWorld, World
 from elastrain.executor._private.errors import first_line
 from elastrain.executor._private.raylet_watch import watch_raylet
 
@@ -65,13 +66,11 @@ class WorkerRemoved(BaseException):
 
 
 def is_collective_failure(error: BaseException) -> bool:
-    try:
-        import torch.distributed as dist
-
-        if isinstance(error, dist.DistError):
-            return True
-    except ImportError:  # pragma: no cover - elastic jobs need torch
-        pass
+    # An error of torch.distributed's can only come from a process that imported it: never import it here
+    # (seconds of import, on the failure path of a process that has no group yet).
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(error, getattr(dist, "DistError", ())):
+        return True
     if isinstance(error, InternalError):
         return True
     text = str(error).lower()
@@ -106,7 +105,11 @@ class Runtime:
         """Start beating and set the collective backends' environment (before any group exists)."""
         _set_backend_environment(self.options)
         self._heartbeat = Heartbeat(
-            self.coordinator, self.worker_id, self.options.liveness_timeout_s, lambda: self.commits
+            self.coordinator,
+            self.worker_id,
+            self.options.liveness_timeout_s,
+            lambda: self.commits,
+            lambda: 1 if self.world is None else self.world.size,
         ).start()
         self._watch = WorldWatch(self.coordinator, lambda: self.generation).start()
         watch_raylet()
@@ -129,9 +132,10 @@ class Runtime:
         """Wait for the next world that includes this worker, then form its process group. Raises WorkerRemoved
         when a world leaves it out without holding it for a later one."""
         while True:
-            world: World = self._wait_on_driver(
+            packed: PackedWorld = self._wait_on_driver(
                 functools.partial(self.coordinator.join.remote, self.worker_id, self.generation), "its next group"
             )
+            world = packed.unpack()
             member = world.member(self.worker_id)
             self._leave_group()
             self.world, self.member = world, member
