@@ -53,19 +53,17 @@ class Background:
                     self._queue.maxsize,
                 )
 
-    def close(self, deadline_s: float) -> bool:
-        """Let the queued calls finish within ``deadline_s``; True when they all did."""
+    def close(self, until: float) -> bool:
+        """Let the queued calls finish by ``until`` (a ``time.monotonic()`` time); True when they all did."""
         self._closed = True
-        end = time.monotonic() + deadline_s
         with contextlib.suppress(queue.Full):  # still full at the deadline: the thread is stuck in a call
-            self._queue.put((_STOP, ()), timeout=max(deadline_s, 0.0))
-        self._thread.join(max(end - time.monotonic(), 0.0))
+            self._queue.put((_STOP, ()), timeout=max(until - time.monotonic(), 0.0))
+        self._thread.join(max(until - time.monotonic(), 0.0))
         if self._thread.is_alive():
             left = self._queue.qsize()
             logger.warning(
-                "Tracker %s did not take the end of the run within %g s; %d calls not delivered to it.",
+                "Tracker %s did not take the end of the run in time; %d calls not delivered to it.",
                 self.name,
-                deadline_s,
                 left,
             )
             return False

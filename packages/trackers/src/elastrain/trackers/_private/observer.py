@@ -132,9 +132,9 @@ class RunFanout:
 
     def _end(self, status: str, detail: str | None) -> None:
         self._each("end", status, detail)
-        deadline = _close_s()
-        for lane, _ in self._lanes:  # they drain at once, each on its thread; the slowest sets the wait
-            lane.close(deadline)
+        until = time.monotonic() + _close_s()  # one deadline for all: they drain at once, each on its thread
+        for lane, _ in self._lanes:
+            lane.close(until)
 
     def _each(self, method: str, *args: Any) -> None:
         for lane, recorder in self._lanes:
